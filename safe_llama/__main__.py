@@ -1,0 +1,7 @@
+"""`python -m safe_llama` runs the command line."""
+
+import sys
+
+from safe_llama.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""Shared fixtures: the real parts (pinned llama.cpp builds, the bundled model, pocl).
+
+A real part that is missing is an error, not a skip: scripts/setup.sh installs all of them, and a test
+that silently skips proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from safe_llama.bundled import bundled_model_path
+from safe_llama.paths import pinned_bin_dir
+
+
+def _bin_dir(flavour: str) -> Path:
+    path = pinned_bin_dir(flavour)
+    if not (path / "llama-server").is_file():
+        pytest.fail(f"pinned llama.cpp ({flavour}) not built: run scripts/build-llama.sh {flavour}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    """bin/ of the pinned CPU build: llama-cli, llama-server, llama-completion."""
+    return _bin_dir("cpu")
+
+
+@pytest.fixture(scope="session")
+def openvino_bin() -> Path:
+    """bin/ of the pinned OpenVINO-enabled build."""
+    return _bin_dir("openvino")
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> Path:
+    return bundled_model_path()
+
+
+@pytest.fixture
+def clean_env() -> dict[str, str]:
+    """The environment without LLAMA_ARG_* and SAFE_LLAMA_* settings that would change a test's meaning."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
