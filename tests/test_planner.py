@@ -1,0 +1,177 @@
+"""The planner on the scenarios that matter: the seed's OpenVINO iGPU, fixed builds, SWA, MLA, recurrent,
+quantized-cache rules, nothing fitting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.gguf_header import GGUFHeader
+from safe_llama.kv import KvRequest, buffers, plan_kv
+from safe_llama.model_facts import ModelFacts, model_facts
+from safe_llama.paths import configs_dir
+from safe_llama.planner import Sourced, Target, kv_splits, plan
+from safe_llama.policy import Policy, load_policy
+
+GIB = 1 << 30
+UHD770_MAX_ALLOC = 4_294_959_104
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(configs_dir() / "planner.toml")
+
+
+def _facts(arch: str, **meta: object) -> ModelFacts:
+    md: dict[str, object] = {"general.architecture": arch}
+    md.update({k if k.startswith(("general.", "tokenizer.")) else f"{arch}.{k}": v for k, v in meta.items()})
+    return model_facts(GGUFHeader(path="/models/x.gguf", metadata=md))  # type: ignore[arg-type]
+
+
+# Llama-3.2-3B's hyperparameters, metadata only (the seed's model).
+LLAMA_3B = dict(
+    block_count=28, embedding_length=3072, context_length=131072, feed_forward_length=8192,
+    **{"attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
+       "attention.value_length": 128},
+)  # fmt: skip
+
+
+def uhd770(version: str) -> Target:
+    return Target(
+        backend="openvino",
+        device="OPENVINO0",
+        on_gpu=True,
+        integrated=True,
+        max_alloc=Sourced(UHD770_MAX_ALLOC, "profile"),
+        device_memory=Sourced(16 * GIB, "profile"),
+        host_budget=Sourced(32 * GIB, "declared"),
+        binary_version=version,
+    )
+
+
+def test_seed_old_build_goes_stateful(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), uhd770("0.4.1-dev"), policy)
+    assert [s.name for s in p.steps] == ["stateful"]
+    assert p.env_changes == {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"}
+    assert "--ctx-size" not in p.argv_changes
+    assert "7.00 GiB" in p.steps[0].reason and "one allocation" in p.steps[0].reason
+    assert p.kv.total_bytes == 7_516_192_768
+    assert p.fits
+
+
+def test_seed_old_build_ctx_only_gives_37376(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), uhd770("0.4.1-dev"), policy, ladder=["ctx"])
+    assert p.argv_changes["--ctx-size"] == "37376"
+    assert p.kv.total_bytes == 37376 * 114688 <= UHD770_MAX_ALLOC
+    assert p.ctx_by_type["f16"] == 37376
+
+
+def test_seed_server_stateful_needs_one_slot(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    p = plan(facts, KvRequest(tool="server", n_ctx=65536), uhd770("0.4.1-dev"), policy)
+    assert p.argv_changes["--parallel"] == "1"
+    assert p.kv.context.n_seq_max == 1
+
+
+def test_seed_fixed_build_fits_as_asked(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    target = uhd770("0.6.0-dev")
+    assert kv_splits(target, policy)
+    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy)
+    assert p.steps == () and p.argv_changes == {} and p.env_changes == {}
+    kv_allocs = [a.bytes for a in p.allocations if a.name.startswith("KV")]
+    assert kv_allocs == [4_160_749_568, 3_355_443_200]
+
+
+def test_unknown_version_is_treated_as_unfixed(policy: Policy) -> None:
+    target = Target(backend="openvino", host_budget=Sourced(GIB, "declared"), on_gpu=True)
+    assert not kv_splits(target, policy)
+
+
+def test_neo_filter_passes_through(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    target = Target(**{**uhd770("0.6.0-dev").__dict__, "neo_filter": {"NEOReadDebugKeys": "1", "FilterBdfPath": "0000:00:02.0"}})
+    p = plan(facts, KvRequest(tool="completion", n_ctx=4096), target, policy)
+    assert p.env_changes == {"NEOReadDebugKeys": "1", "FilterBdfPath": "0000:00:02.0"}
+    assert p.steps[0].name == "neo-filter"
+
+
+def test_openvino_q8_is_off_unless_allowed(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), uhd770("0.4.1-dev"), policy, ladder=["kv-q8", "kv-q4"])
+    assert [s.name for s in p.steps] == ["kv-q4"]
+    assert any("never verified on OpenVINO" in n for n in p.notes)
+    assert p.argv_changes["--cache-type-k"] == "q4_0" and p.argv_changes["--flash-attn"] == "on"
+
+
+def test_quantized_k_needs_head_dim_multiple_of_32(policy: Policy) -> None:
+    facts = _facts(
+        "llama", block_count=2, embedding_length=64, context_length=1 << 20,
+        **{"attention.head_count": 4, "attention.head_count_kv": 4},
+    )  # fmt: skip
+    assert facts.key_length[0] == 16
+    target = Target(backend="cpu", host_budget=Sourced(600 << 20, "declared"))
+    with pytest.raises(SafeLlamaError) as err:
+        plan(facts, KvRequest(tool="completion", n_ctx=1 << 20), target, policy, ladder=["kv-q8"])
+    assert err.value.status == ExitStatus.NOTHING_FITS
+
+
+def test_cpu_budget_reduces_context_exactly(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    target = Target(backend="cpu", host_budget=Sourced(8 * GIB, "cgroup memory.max"))
+    p = plan(facts, KvRequest(tool="server", n_ctx=131072), target, policy)
+    chosen = int(p.argv_changes["--ctx-size"])
+    assert chosen % 256 == 0 and 4096 <= chosen < 131072
+    assert p.fits
+    over = plan_kv(facts, KvRequest(tool="server", n_ctx=chosen + 256))
+    assert over.total_bytes > p.kv.total_bytes
+    assert p.argv_changes["--fit"] == "off"
+
+
+def test_nothing_fits_at_the_floor(policy: Policy) -> None:
+    facts = _facts("llama", **LLAMA_3B)
+    target = Target(backend="cpu", host_budget=Sourced(512 << 20, "rlimit"))
+    with pytest.raises(SafeLlamaError) as err:
+        plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy)
+    assert err.value.status == ExitStatus.NOTHING_FITS
+    assert "nothing fits" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_swa_model_bundled_gemma(policy: Policy, bundled_model: Path) -> None:
+    from safe_llama.model_facts import load_model_facts
+
+    facts = load_model_facts(bundled_model)
+    target = Target(backend="openvino", on_gpu=True, integrated=True, max_alloc=Sourced(64 << 20, "declared"),
+                    host_budget=Sourced(8 * GIB, "declared"), binary_version="0.4.1-dev")  # fmt: skip
+    p = plan(facts, KvRequest(tool="completion", n_ctx=32768), target, policy, ladder=["ctx"])
+    # full-attention cache: 3 layers x 256 x 2 x 2 B per cell; the SWA cache stays 1024 cells
+    chosen = int(p.argv_changes["--ctx-size"])
+    full = p.kv.caches[0]
+    assert full.total_bytes <= (64 << 20) - policy.max_alloc_margin["openvino"]
+    assert buffers(full.tensor_bytes, None)[0] == full.total_bytes
+    per_cell = 3 * 256 * 2 * 2
+    assert chosen == ((64 << 20) - policy.max_alloc_margin["openvino"]) // per_cell // 256 * 256 == 20480
+    assert [c.cells for c in p.kv.caches] == [20480, 1024]
+
+
+def test_mla_and_recurrent(policy: Policy) -> None:
+    mla = _facts(
+        "deepseek2", block_count=4, embedding_length=256, context_length=4096,
+        **{"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 576,
+           "attention.value_length": 512, "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+           "attention.kv_lora_rank": 512, "rope.dimension_count": 64},
+    )  # fmt: skip
+    target = Target(backend="cpu", host_budget=Sourced(64 * GIB, "declared"))
+    p = plan(mla, KvRequest(tool="completion", n_ctx=4096), target, policy)
+    assert p.kv.caches[0].v_bytes == 0
+    mamba = _facts(
+        "mamba", block_count=4, embedding_length=256, context_length=4096,
+        **{"ssm.conv_kernel": 4, "ssm.inner_size": 512, "ssm.state_size": 16, "ssm.time_step_rank": 16},
+    )  # fmt: skip
+    p = plan(mamba, KvRequest(tool="server", n_ctx=4096, n_parallel=2), target, policy)
+    assert [c.kind for c in p.kv.caches] == ["recurrent"]
+    assert p.kv.caches[0].cells == 2
