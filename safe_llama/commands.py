@@ -8,13 +8,46 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from safe_llama import render
+from safe_llama.device_map import DeclaredLimits
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.facts_cache import facts_for
 from safe_llama.kv import plan_kv
-from safe_llama.llama_args import parse
-from safe_llama.request import to_request
+from safe_llama.llama_args import CommandLine, parse, rewrite
+from safe_llama.model_facts import ModelFacts
+from safe_llama.paths import config_dir, configs_dir
+from safe_llama.planner import Plan, Target, plan, target_from
+from safe_llama.policy import load_policy
+from safe_llama.request import Request, to_request
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """safe-llama's own planning options (from its command line, SAFE_LLAMA_* or the config file)."""
+
+    ladder: tuple[str, ...] | None = None
+    min_ctx: int | None = None
+    declared: DeclaredLimits = field(default_factory=DeclaredLimits)
+    llama_bin: str | None = None
+    llama_version: str | None = None  # planning for another build: its `--version`
+    kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
+    learned_max_alloc: int | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    cmd: CommandLine
+    request: Request
+    model_path: str
+    facts: ModelFacts
+    target: Target
+    binary: Path | None
+    plan: Plan | None
+    error: SafeLlamaError | None  # NOTHING_FITS
 
 
 def model_path_for(model: str | None, env: Mapping[str, str]) -> str:
@@ -25,14 +58,79 @@ def model_path_for(model: str | None, env: Mapping[str, str]) -> str:
     return str(bundled_model_path(env))
 
 
-def plan(*, tool: str, args: list[str], json_out: bool, env: Mapping[str, str] = os.environ) -> None:
+def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions) -> Prepared:
+    """Facts about the model and the device, and the plan (or why nothing fits)."""
+    from safe_llama.binaries import find_binary
+    from safe_llama.devices import probe_devices
+
     cmd = parse(tool, args, env)
     req = to_request(cmd)
     path = model_path_for(req.model_path, env)
     facts = facts_for(path, env)
-    kv = plan_kv(facts, req.kv)
-    result = render.plan_result(tool=tool, model_path=path, facts=facts, kv=kv, bundled=req.model_path is None)
+    try:
+        binary: Path | None = find_binary(tool, env=env, explicit=options.llama_bin)
+    except SafeLlamaError:
+        if options.llama_bin:
+            raise
+        binary = None  # planning without a binary: the declared limits and the host budget only
+    report = probe_devices(binary=binary, args=args, env=env, declared=options.declared)
+    version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
+    target = target_from(
+        report.target,
+        report.host,
+        binary_version=version,
+        profile=report.profile,
+        kv_split=options.kv_split,
+        learned_max_alloc=options.learned_max_alloc,
+    )
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
+    ngl = req.n_gpu_layers
+    user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
+    try:
+        decided: Plan | None = plan(
+            facts,
+            req.kv,
+            target,
+            policy,
+            ladder=options.ladder,
+            user_fit_set=cmd.get("--fit") is not None,
+            user_ngl=user_ngl,
+            floor=options.min_ctx,
+        )
+        error = None
+    except SafeLlamaError as err:
+        if err.status != ExitStatus.NOTHING_FITS:
+            raise
+        decided, error = None, err
+    return Prepared(cmd, req, path, facts, target, binary, decided, error)
+
+
+def final_argv(prepared: Prepared) -> list[str]:
+    """The tool's argv as the plan launches it: the user's, with the plan's explicit changes."""
+    changes = dict(prepared.plan.argv_changes) if prepared.plan else {}
+    if prepared.request.model_path is None:
+        changes["--model"] = prepared.model_path
+    return rewrite(prepared.cmd, changes)
+
+
+def plan_command(
+    *, tool: str, args: list[str], json_out: bool, options: PlanOptions, env: Mapping[str, str] = os.environ
+) -> int:
+    prepared = prepare(tool, args, env, options)
+    kv = prepared.plan.kv if prepared.plan else plan_kv(prepared.facts, prepared.request.kv)
+    result = render.plan_result(
+        tool=tool,
+        model_path=prepared.model_path,
+        facts=prepared.facts,
+        kv=kv,
+        bundled=prepared.request.model_path is None,
+    )
+    result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     else:
         sys.stdout.write(render.plan_text(result))
+    if prepared.error is not None:
+        sys.stderr.write(f"{prepared.error.message}\n")
+        return int(prepared.error.status)
+    return 0

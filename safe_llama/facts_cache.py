@@ -5,6 +5,7 @@ Owns the cache location and key; the reading itself is model_facts' job.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Mapping
@@ -37,8 +38,6 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str] = os.environ)
         except (KeyError, TypeError, ValueError):
             pass
     facts = load_model_facts(model)
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache only costs speed
         state.write_json(where, facts_to_json(facts))
-    except OSError:
-        pass  # a read-only cache only costs speed
     return facts

@@ -170,7 +170,16 @@ def _attention_cache(
             tensors.append(v)
             v_total += v
     return Cache(
-        kind, cells, len(layers), ctx.n_seq_max, ctx.n_stream, req.type_k, req.type_v, k_total, v_total, tuple(tensors)
+        kind,
+        cells,
+        len(layers),
+        ctx.n_seq_max,
+        ctx.n_stream,
+        req.type_k,
+        req.type_v,
+        k_total,
+        v_total,
+        tuple(tensors),
     )
 
 
@@ -185,7 +194,7 @@ def plan_kv(facts: FactsLike, req: KvRequest) -> KvPlan:
     if quantized_v and req.flash_attn == "off":
         notes.append("quantized V cache requires flash attention: llama.cpp will refuse -fa off")
     v_trans = not flash
-    attn = [lay for lay in facts.layers if lay.has_kv and not lay.recurrent]
+    attn = [lay for lay in facts.layers if lay.has_kv]  # falcon-h1 layers attend and recur both
     full = [lay for lay in attn if not lay.swa]
     swa = [lay for lay in attn if lay.swa]
     caches: list[Cache] = []

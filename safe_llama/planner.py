@@ -10,21 +10,18 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from safe_llama.device_map import DeviceProfile, HostBudget, Sourced, TargetDevice
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.kv import CACHE_TYPES, KvPlan, KvRequest, block_size, buffers, pad, plan_kv, row_bytes
+from safe_llama.kv import KvPlan, KvRequest, block_size, buffers, plan_kv
 from safe_llama.model_facts import ModelFacts
 from safe_llama.policy import Policy
 from safe_llama.units import human
 
 GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
 STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
-_TYPE_ORDER = {name: i for i, name in enumerate(("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"))}
-
-
-@dataclass(frozen=True)
-class Sourced:
-    value: int
-    source: str  # probed | declared | profile | learned | estimated
+_TYPE_ORDER = {
+    name: i for i, name in enumerate(("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"))
+}
 
 
 @dataclass(frozen=True)
@@ -32,12 +29,12 @@ class Target:
     """Where llama.cpp will run, and the limits that apply there."""
 
     backend: str  # cpu | openvino | cuda | vulkan | sycl | opencl | metal | hip
-    host_budget: Sourced  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
+    host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
-    max_alloc: Sourced | None = None
-    device_memory: Sourced | None = None
+    max_alloc: Sourced[int] | None = None
+    device_memory: Sourced[int] | None = None
     kv_split: bool | None = None  # None: decided from the backend and the binary's version
     binary_version: str | None = None
     neo_filter: Mapping[str, str] = field(default_factory=dict)
@@ -102,7 +99,7 @@ def kv_splits(target: Target, policy: Policy) -> bool:
         if target.binary_version is None:
             return False  # unknown build: assume the old single allocation (the safe side)
         return _version_tuple(target.binary_version) >= _version_tuple(str(rule["since"]))
-    return rule == "always"
+    return bool(rule == "always")
 
 
 def compute_estimate(facts: ModelFacts, kv: KvPlan) -> int:
@@ -155,7 +152,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 "device total (weights, KV, compute estimate)",
                 weights_device + kv_device + compute,
                 usable,
-                f"device memory {human(target.device_memory.value)} ({target.device_memory.source}) less {fraction:.0%}",
+                f"device memory {human(target.device_memory.value)} ({target.device_memory.source})"
+                f" less {fraction:.0%}",
             )
         )
     overhead = policy.per_backend(policy.process_overhead, target.backend)
@@ -242,9 +240,7 @@ def plan(
     env: dict[str, str] = dict(target.neo_filter)
     notes: list[str] = []
     if target.neo_filter:
-        taken.append(
-            Step("neo-filter", f"{len(target.neo_filter)} NEO variables so only the targeted GPU is visible")
-        )
+        taken.append(Step("neo-filter", f"{len(target.neo_filter)} NEO variables so only the targeted GPU is visible"))
     ctx_applied = False
     for step in steps:
         allocs = allocations(facts, settings, target, policy)
@@ -266,7 +262,10 @@ def plan(
         elif step in ("kv-q8", "kv-q4"):
             new_type = "q8_0" if step == "kv-q8" else "q4_0"
             kv = settings.kv
-            if _TYPE_ORDER.get(kv.type_k, 0) >= _TYPE_ORDER[new_type] and _TYPE_ORDER.get(kv.type_v, 0) >= _TYPE_ORDER[new_type]:
+            if (
+                _TYPE_ORDER.get(kv.type_k, 0) >= _TYPE_ORDER[new_type]
+                and _TYPE_ORDER.get(kv.type_v, 0) >= _TYPE_ORDER[new_type]
+            ):
                 continue
             if target.backend == "openvino" and step == "kv-q8" and not policy.openvino_q8:
                 notes.append("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)")
@@ -345,4 +344,40 @@ def settings_summary(settings: Settings) -> dict[str, object]:
     }
 
 
-__all__ = ["CACHE_TYPES", "Allocation", "Plan", "Settings", "Sourced", "Step", "Target", "pad", "plan", "row_bytes"]
+def target_from(
+    device: TargetDevice,
+    host: HostBudget,
+    *,
+    binary_version: str | None,
+    profile: DeviceProfile | None = None,
+    kv_split: bool | None = None,
+    learned_max_alloc: int | None = None,
+) -> Target:
+    """The planner's view of a probed (or declared) device.
+
+    A profile named on the command line describes the machine being planned for: when the probe only
+    sees this host's CPU, the profile's backend and GPU stand in for it (planning for another machine).
+    """
+    backend = device.backend
+    on_gpu = not device.on_host
+    integrated = bool(device.integrated.value) if device.integrated is not None else False
+    if profile is not None and device.on_host and profile.backend not in (None, "cpu"):
+        backend = str(profile.backend)
+        on_gpu = True
+        integrated = bool(profile.integrated)
+    max_alloc = device.max_alloc_bytes if on_gpu else None
+    if learned_max_alloc is not None and (max_alloc is None or learned_max_alloc < max_alloc.value):
+        max_alloc = Sourced(learned_max_alloc, "learned", "from the device's own error message")
+    memory = device.memory_bytes if on_gpu and not integrated else None
+    return Target(
+        backend=backend if backend != "unknown" else "cpu",
+        host_budget=host.budget_bytes,
+        on_gpu=on_gpu,
+        integrated=integrated,
+        device=device.llama_name,
+        max_alloc=max_alloc,
+        device_memory=memory,
+        kv_split=kv_split,
+        binary_version=binary_version,
+        neo_filter=dict(device.neo_filter),
+    )

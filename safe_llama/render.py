@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
+from safe_llama.device_map import Sourced
+from safe_llama.errors import SafeLlamaError
 from safe_llama.kv import KvPlan, mib_line
+from safe_llama.llama_args import redact_argv, redact_env
 from safe_llama.model_facts import ModelFacts
+from safe_llama.planner import Plan, Target
 from safe_llama.units import human
 
 
@@ -69,4 +74,86 @@ def plan_text(result: dict[str, Any]) -> str:
     lines.append(f"{'total':<10}{'':>9}{'':>8}  {'':<12}{'':>16}{kv['total_bytes']:>16,}{human(kv['total_bytes']):>14}")
     for note in result["notes"]:
         lines.append(f"note: {note}")
+    if "target" in result:
+        lines += decision_text(result)
     return "\n".join(lines) + "\n"
+
+
+def decision_result(
+    target: Target, decided: Plan | None, argv: list[str], error: SafeLlamaError | None
+) -> dict[str, Any]:
+    """The planner's decision, secrets redacted: steps, final argv and environment, allocations."""
+    out: dict[str, Any] = {
+        "target": {
+            "backend": target.backend,
+            "device": target.device,
+            "on_gpu": target.on_gpu,
+            "integrated": target.integrated,
+            "max_alloc": _sourced(target.max_alloc),
+            "device_memory": _sourced(target.device_memory),
+            "host_budget": _sourced(target.host_budget),
+            "binary_version": target.binary_version,
+        },
+        "fits": decided is not None,
+    }
+    if decided is None:
+        out["error"] = None if error is None else error.message
+        out["decision"] = None
+        out["allocations"] = []
+        return out
+    out["decision"] = {
+        "steps": [s.name for s in decided.steps],
+        "reasons": [s.reason for s in decided.steps],
+        "argv": redact_argv(argv),
+        "env": redact_env(dict(decided.env_changes)),
+        "changed": sorted(decided.argv_changes),
+        "notes": list(decided.notes),
+    }
+    out["allocations"] = [
+        {"name": a.name, "bytes": a.bytes, "limit": a.limit, "limit_name": a.limit_name, "fits": a.fits}
+        for a in decided.allocations
+    ]
+    out["ctx_by_type"] = dict(decided.ctx_by_type)
+    return out
+
+
+def _sourced(value: Sourced[int] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {"bytes": value.value, "source": value.source, "detail": value.detail}
+
+
+def bar(used: int, limit: int, width: int = 30) -> str:
+    share = used / limit if limit > 0 else float("inf")
+    filled = min(width, round(share * width))
+    return "[" + "#" * filled + "." * (width - filled) + "]" + (" OVER" if used > limit else f" {share:4.0%}")
+
+
+def decision_text(result: dict[str, Any]) -> list[str]:
+    t = result["target"]
+    where = t["device"] or ("GPU" if t["on_gpu"] else "host CPU")
+    lines = ["", f"target  {t['backend']} {where}{' (integrated)' if t['integrated'] else ''}"
+             + (f", llama.cpp {t['binary_version']}" if t["binary_version"] else "")]  # fmt: skip
+    decision = result.get("decision")
+    if decision is None:
+        lines.append(f"decision: nothing fits. {result.get('error') or ''}".rstrip())
+        return lines
+    lines.append("")
+    for a in result["allocations"]:
+        lines.append(f"{a['name']:<52}{human(a['bytes']):>12} {bar(a['bytes'], a['limit'])}")
+        lines.append(f"{'':<52}{'':>12}  limit: {a['limit_name']}")
+    if result.get("ctx_by_type"):
+        per_type = ", ".join(f"{k} {v}" for k, v in result["ctx_by_type"].items())
+        lines.append(f"largest context that fits: {per_type}")
+    lines.append("")
+    if decision["steps"]:
+        for reason in decision["reasons"]:
+            lines.append(f"change: {reason}")
+    else:
+        lines.append("change: none: it fits as asked")
+    for note in decision["notes"]:
+        lines.append(f"note: {note}")
+    lines.append("argv: " + " ".join(shlex.quote(a) for a in decision["argv"]))
+    if decision["env"]:
+        lines.append("env:  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in decision["env"].items()))
+    return lines

@@ -43,7 +43,8 @@ def _cache_type(cmd: CommandLine, key: str, label: str) -> str:
     name = str(value).lower()
     if name not in CACHE_TYPES:
         raise SafeLlamaError(
-            f"safe-llama: {label}: unknown cache type '{value}' (one of {', '.join(CACHE_TYPES)})", ExitStatus.USAGE
+            f"safe-llama: {label}: unknown cache type '{value}' (one of {', '.join(CACHE_TYPES)})",
+            ExitStatus.USAGE,
         )
     return name
 

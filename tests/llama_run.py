@@ -5,20 +5,20 @@ A test support module, not a test: real processes, real output.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import resource
 import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 KV_LINE = re.compile(
     r"llama_kv_cache: size = +(?P<total>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
-    r"(?P<seqs>\d+)/(?P<streams>\d+) seqs\), K \((?P<tk>\w+)\): +(?P<k>[\d.]+) MiB, V \((?P<tv>\w+)\): +(?P<v>[\d.]+) MiB"
+    r"(?P<seqs>\d+)/(?P<streams>\d+) seqs\), "
+    r"K \((?P<tk>\w+)\): +(?P<k>[\d.]+) MiB, V \((?P<tv>\w+)\): +(?P<v>[\d.]+) MiB"
 )
 BUFFER_LINE = re.compile(r"llama_kv_cache: +\S+ KV buffer size = +(?P<mib>[\d.]+) MiB")
 ALLOC_FAIL = re.compile(r"failed to allocate buffer of size (\d+)")
@@ -56,14 +56,30 @@ def kv_lines(log: str) -> list[KvLine]:
         if m and real:
             out.append(
                 KvLine(
-                    m["total"], int(m["cells"]), int(m["layers"]), int(m["seqs"]), int(m["streams"]),
-                    m["tk"], m["k"], m["tv"], m["v"],
+                    m["total"],
+                    int(m["cells"]),
+                    int(m["layers"]),
+                    int(m["seqs"]),
+                    int(m["streams"]),
+                    m["tk"],
+                    m["k"],
+                    m["tv"],
+                    m["v"],
                 )
             )
     return out
 
 
-def _limit_as(kib: int | None) -> object:
+def healthy(port: int, host: str = "127.0.0.1") -> bool:
+    """llama-server's /health answers 200 (503 while loading, refused before it listens)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _limit_as(kib: int | None) -> Callable[[], None] | None:
     if kib is None:
         return None
 
@@ -90,7 +106,7 @@ def run_server_until_ready(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        preexec_fn=_limit_as(as_limit_kib),  # type: ignore[arg-type]
+        preexec_fn=_limit_as(as_limit_kib),
     )
     deadline = time.monotonic() + timeout
     code: int | None = None
@@ -99,10 +115,8 @@ def run_server_until_ready(
             if proc.poll() is not None:
                 code = proc.returncode
                 break
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:  # noqa: S310
-                    if r.status == 200:
-                        break
+            if healthy(port):
+                break
             time.sleep(0.1)
         else:
             raise TimeoutError(f"llama-server neither ready nor exited in {timeout}s: {argv}")

@@ -53,7 +53,14 @@ def test_seed_split_at_max_alloc_matches_reference() -> None:
     [
         pytest.param(KvRequest(tool="server", n_ctx=37449), 37632, 37632, 4, 1, id="server-auto-slots-pad"),
         pytest.param(KvRequest(tool="server", n_ctx=4096, n_parallel=3), 4608, 1536, 3, 3, id="np3-split"),
-        pytest.param(KvRequest(tool="server", n_ctx=4096, n_parallel=3, kv_unified=True), 4096, 4096, 3, 1, id="np3-kvu"),
+        pytest.param(
+            KvRequest(tool="server", n_ctx=4096, n_parallel=3, kv_unified=True),
+            4096,
+            4096,
+            3,
+            1,
+            id="np3-kvu",
+        ),
         pytest.param(KvRequest(tool="server", n_ctx=1000, n_parallel=2), 1024, 512, 2, 2, id="np2-1000"),
         pytest.param(KvRequest(tool="server", n_parallel=2), 2 * 131072, 131072, 2, 2, id="unset-fit-streams"),
         pytest.param(KvRequest(tool="server", n_parallel=2, fit=False), 131072, 65536, 2, 2, id="unset-nofit"),

@@ -64,20 +64,39 @@ def models(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path) -> dic
     return out
 
 
-def _predict(model: Path, args: list[str], env: dict[str, str]) -> list[tuple[str, int, int, int, int, str, str, str, str]]:
+def _predict(
+    model: Path, args: list[str], env: dict[str, str]
+) -> list[tuple[str, int, int, int, int, str, str, str, str]]:
     req = to_request(parse("server", ["-m", str(model), *args], env))
     kv = plan_kv(load_model_facts(model), req.kv)
     out = []
     for cache in kv.caches:
         total, k, v = mib_line(cache)
-        out.append((total, cache.cells, cache.layers, cache.n_seq_max, cache.n_stream, cache.type_k, k, cache.type_v, v))
+        out.append(
+            (
+                total,
+                cache.cells,
+                cache.layers,
+                cache.n_seq_max,
+                cache.n_stream,
+                cache.type_k,
+                k,
+                cache.type_v,
+                v,
+            )
+        )
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "args", "env"), MATRIX, ids=[f"{m}:{' '.join(a) or '-'}:{e}" for m, a, e in MATRIX])
 def test_kv_lines_match_real_server(
-    model: str, args: list[str], env: dict[str, str], models: dict[str, Path], llama_bin: Path, clean_env: dict[str, str]
+    model: str,
+    args: list[str],
+    env: dict[str, str],
+    models: dict[str, Path],
+    llama_bin: Path,
+    clean_env: dict[str, str],
 ) -> None:
     path = models[model]
     run_env = {**clean_env, **env, "LLAMA_ARG_LOG_VERBOSITY": "4"}
@@ -99,7 +118,12 @@ EXACT = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "args", "limit_kib"), EXACT, ids=[f"{m}:{' '.join(a)}" for m, a, _ in EXACT])
 def test_exact_first_kv_buffer_under_ulimit(
-    model: str, args: list[str], limit_kib: int, models: dict[str, Path], llama_bin: Path, clean_env: dict[str, str]
+    model: str,
+    args: list[str],
+    limit_kib: int,
+    models: dict[str, Path],
+    llama_bin: Path,
+    clean_env: dict[str, str],
 ) -> None:
     path = models[model]
     code, log = run_server_until_ready(llama_bin, ["-m", str(path), *args], clean_env, as_limit_kib=limit_kib)

@@ -59,10 +59,17 @@ def test_rewrite_all_duplicates() -> None:
 
 def test_redaction() -> None:
     assert redact_argv(["--api-key", "s3cret", "-hft", "tok", "-c", "1"]) == [
-        "--api-key", "<redacted>", "-hft", "<redacted>", "-c", "1",
+        "--api-key",
+        "<redacted>",
+        "-hft",
+        "<redacted>",
+        "-c",
+        "1",
     ]
     assert redact_env({"LLAMA_API_KEY": "x", "HF_TOKEN": "y", "A": "b"}) == {
-        "LLAMA_API_KEY": "<redacted>", "HF_TOKEN": "<redacted>", "A": "b",
+        "LLAMA_API_KEY": "<redacted>",
+        "HF_TOKEN": "<redacted>",
+        "A": "b",
     }
 
 

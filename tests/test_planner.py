@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.device_map import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.gguf_header import GGUFHeader
 from safe_llama.kv import KvRequest, buffers, plan_kv
 from safe_llama.model_facts import ModelFacts, model_facts
 from safe_llama.paths import configs_dir
-from safe_llama.planner import Sourced, Target, kv_splits, plan
+from safe_llama.planner import Target, kv_splits, plan
 from safe_llama.policy import Policy, load_policy
 
 GIB = 1 << 30
@@ -44,9 +45,9 @@ def uhd770(version: str) -> Target:
         device="OPENVINO0",
         on_gpu=True,
         integrated=True,
-        max_alloc=Sourced(UHD770_MAX_ALLOC, "profile"),
-        device_memory=Sourced(16 * GIB, "profile"),
-        host_budget=Sourced(32 * GIB, "declared"),
+        max_alloc=Sourced(UHD770_MAX_ALLOC, "profile", "intel-uhd-770"),
+        device_memory=Sourced(16 * GIB, "profile", "intel-uhd-770"),
+        host_budget=Sourced(32 * GIB, "declared", "test"),
         binary_version=version,
     )
 
@@ -88,13 +89,18 @@ def test_seed_fixed_build_fits_as_asked(policy: Policy) -> None:
 
 
 def test_unknown_version_is_treated_as_unfixed(policy: Policy) -> None:
-    target = Target(backend="openvino", host_budget=Sourced(GIB, "declared"), on_gpu=True)
+    target = Target(backend="openvino", host_budget=Sourced(GIB, "declared", "test"), on_gpu=True)
     assert not kv_splits(target, policy)
 
 
 def test_neo_filter_passes_through(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    target = Target(**{**uhd770("0.6.0-dev").__dict__, "neo_filter": {"NEOReadDebugKeys": "1", "FilterBdfPath": "0000:00:02.0"}})
+    target = Target(
+        **{
+            **uhd770("0.6.0-dev").__dict__,
+            "neo_filter": {"NEOReadDebugKeys": "1", "FilterBdfPath": "0000:00:02.0"},
+        }
+    )
     p = plan(facts, KvRequest(tool="completion", n_ctx=4096), target, policy)
     assert p.env_changes == {"NEOReadDebugKeys": "1", "FilterBdfPath": "0000:00:02.0"}
     assert p.steps[0].name == "neo-filter"
@@ -102,7 +108,13 @@ def test_neo_filter_passes_through(policy: Policy) -> None:
 
 def test_openvino_q8_is_off_unless_allowed(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), uhd770("0.4.1-dev"), policy, ladder=["kv-q8", "kv-q4"])
+    p = plan(
+        facts,
+        KvRequest(tool="completion", n_ctx=65536),
+        uhd770("0.4.1-dev"),
+        policy,
+        ladder=["kv-q8", "kv-q4"],
+    )
     assert [s.name for s in p.steps] == ["kv-q4"]
     assert any("never verified on OpenVINO" in n for n in p.notes)
     assert p.argv_changes["--cache-type-k"] == "q4_0" and p.argv_changes["--flash-attn"] == "on"
@@ -114,7 +126,7 @@ def test_quantized_k_needs_head_dim_multiple_of_32(policy: Policy) -> None:
         **{"attention.head_count": 4, "attention.head_count_kv": 4},
     )  # fmt: skip
     assert facts.key_length[0] == 16
-    target = Target(backend="cpu", host_budget=Sourced(600 << 20, "declared"))
+    target = Target(backend="cpu", host_budget=Sourced(600 << 20, "declared", "test"))
     with pytest.raises(SafeLlamaError) as err:
         plan(facts, KvRequest(tool="completion", n_ctx=1 << 20), target, policy, ladder=["kv-q8"])
     assert err.value.status == ExitStatus.NOTHING_FITS
@@ -122,7 +134,7 @@ def test_quantized_k_needs_head_dim_multiple_of_32(policy: Policy) -> None:
 
 def test_cpu_budget_reduces_context_exactly(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    target = Target(backend="cpu", host_budget=Sourced(8 * GIB, "cgroup memory.max"))
+    target = Target(backend="cpu", host_budget=Sourced(8 * GIB, "probed", "cgroup memory.max"))
     p = plan(facts, KvRequest(tool="server", n_ctx=131072), target, policy)
     chosen = int(p.argv_changes["--ctx-size"])
     assert chosen % 256 == 0 and 4096 <= chosen < 131072
@@ -134,7 +146,7 @@ def test_cpu_budget_reduces_context_exactly(policy: Policy) -> None:
 
 def test_nothing_fits_at_the_floor(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    target = Target(backend="cpu", host_budget=Sourced(512 << 20, "rlimit"))
+    target = Target(backend="cpu", host_budget=Sourced(512 << 20, "probed", "RLIMIT_AS"))
     with pytest.raises(SafeLlamaError) as err:
         plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy)
     assert err.value.status == ExitStatus.NOTHING_FITS
@@ -145,8 +157,8 @@ def test_swa_model_bundled_gemma(policy: Policy, bundled_model: Path) -> None:
     from safe_llama.model_facts import load_model_facts
 
     facts = load_model_facts(bundled_model)
-    target = Target(backend="openvino", on_gpu=True, integrated=True, max_alloc=Sourced(64 << 20, "declared"),
-                    host_budget=Sourced(8 * GIB, "declared"), binary_version="0.4.1-dev")  # fmt: skip
+    target = Target(backend="openvino", on_gpu=True, integrated=True, max_alloc=Sourced(64 << 20, "declared", "test"),
+                    host_budget=Sourced(8 * GIB, "declared", "test"), binary_version="0.4.1-dev")  # fmt: skip
     p = plan(facts, KvRequest(tool="completion", n_ctx=32768), target, policy, ladder=["ctx"])
     # full-attention cache: 3 layers x 256 x 2 x 2 B per cell; the SWA cache stays 1024 cells
     chosen = int(p.argv_changes["--ctx-size"])
@@ -165,7 +177,7 @@ def test_mla_and_recurrent(policy: Policy) -> None:
            "attention.value_length": 512, "attention.key_length_mla": 192, "attention.value_length_mla": 128,
            "attention.kv_lora_rank": 512, "rope.dimension_count": 64},
     )  # fmt: skip
-    target = Target(backend="cpu", host_budget=Sourced(64 * GIB, "declared"))
+    target = Target(backend="cpu", host_budget=Sourced(64 * GIB, "declared", "test"))
     p = plan(mla, KvRequest(tool="completion", n_ctx=4096), target, policy)
     assert p.kv.caches[0].v_bytes == 0
     mamba = _facts(

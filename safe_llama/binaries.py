@@ -1,0 +1,87 @@
+"""Finding the real llama.cpp binary for a tool, never safe-llama itself.
+
+Owns the search order: an explicit path or directory, SAFE_LLAMA_BIN_DIR, the config's bin_dir, PATH,
+then the pinned build in the cache. Takes PATH and env as values; only stats files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.paths import pinned_bin_dir
+
+TOOL_BINARY = {"cli": "llama-cli", "server": "llama-server", "completion": "llama-completion"}
+
+
+def own_paths() -> list[str]:
+    """safe-llama's own entry points, as real paths: argv[0] and the console scripts beside it."""
+    paths = [os.path.realpath(sys.argv[0])]
+    here = Path(sys.argv[0]).resolve().parent
+    for name in ("safe-llama", "safe-llama-cli", "safe-llama-server", "safe-llama-completion"):
+        candidate = here / name
+        if candidate.exists():
+            paths.append(os.path.realpath(candidate))
+    return paths
+
+
+def _is_self(path: str, own: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    if real in own:
+        return True
+    # a symlink or copy of our console script: a Python script naming safe_llama
+    try:
+        with open(real, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"safe_llama" in head
+
+
+def find_binary(
+    tool: str,
+    *,
+    env: Mapping[str, str],
+    explicit: str | None = None,
+    config_bin_dir: str | None = None,
+    own: Sequence[str] | None = None,
+) -> Path:
+    """The real binary for `tool`; 127 when there is none, 126 when it is not executable."""
+    name = TOOL_BINARY[tool]
+    own = own_paths() if own is None else own
+    candidates: list[tuple[str, Path]] = []
+    if explicit:
+        given = Path(explicit)
+        candidates.append(("--llama-bin", given / name if given.is_dir() else given))
+    if env.get("SAFE_LLAMA_BIN_DIR"):
+        candidates.append(("SAFE_LLAMA_BIN_DIR", Path(env["SAFE_LLAMA_BIN_DIR"]) / name))
+    if config_bin_dir:
+        candidates.append(("config bin_dir", Path(config_bin_dir) / name))
+    for source, path in candidates:  # explicit choices: a wrong one is an error, not a fallback
+        if not path.exists():
+            raise SafeLlamaError(f"safe-llama: {path} ({source}): no such file", ExitStatus.NOT_FOUND)
+        if _is_self(str(path), own):
+            raise SafeLlamaError(
+                f"safe-llama: {path} ({source}) is safe-llama itself, not llama.cpp", ExitStatus.NOT_FOUND
+            )
+        if not os.access(path, os.X_OK) or path.is_dir():
+            raise SafeLlamaError(f"safe-llama: {path} ({source}): not executable", ExitStatus.NOT_EXECUTABLE)
+        return path
+    for directory in env.get("PATH", "").split(os.pathsep):
+        if not directory:
+            continue
+        found = shutil.which(name, path=directory)
+        if found and not _is_self(found, own):
+            return Path(found)
+    pinned = pinned_bin_dir("cpu", env) / name
+    if pinned.is_file() and os.access(pinned, os.X_OK):
+        return pinned
+    raise SafeLlamaError(
+        f"safe-llama: {name} not found (SAFE_LLAMA_BIN_DIR, PATH, {pinned.parent}); "
+        "build it with scripts/build-llama.sh or set SAFE_LLAMA_BIN_DIR",
+        ExitStatus.NOT_FOUND,
+    )

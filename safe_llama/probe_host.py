@@ -1,0 +1,146 @@
+"""Host memory and the limits this process really runs under: RAM (psutil), cgroup memory, RLIMIT_AS.
+
+Owns the only psutil import and the reading of /proc/self/cgroup and the cgroup filesystem (both roots
+are parameters, so tests pass a temporary tree). Must not decide a budget: device_map combines these.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+# cgroup v1 says "no limit" with PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages).
+_V1_UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    version: int  # 1 or 2
+    limit_dir: str | None  # the cgroup directory whose limit is the tightest (None: no limit anywhere)
+    max_bytes: int | None  # memory.max / memory.limit_in_bytes; None = unlimited
+    current_bytes: int | None  # memory.current / memory.usage_in_bytes of this process's cgroup
+    inactive_file_bytes: int | None  # reclaimable page cache the kernel drops before an OOM kill
+    current_dir: str
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    total_bytes: int
+    available_bytes: int
+    cgroup: CgroupMemory | None
+    cgroup_note: str  # where the cgroup numbers came from, or why there are none
+    rlimit_as: int | None  # None = unlimited
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def _stat_field(path: Path, names: tuple[str, ...]) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    fields = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+    for name in names:
+        if name in fields and fields[name].isdigit():
+            return int(fields[name])
+    return None
+
+
+def _own_dir(base: Path, cgroup_path: str) -> Path:
+    """This process's cgroup directory under a mount. With a cgroup namespace the path is "/" and the
+    mount root is our cgroup; without one the host path may not exist inside a container, and the mount
+    root is then the closest view of our own cgroup."""
+    leaf = base / cgroup_path.lstrip("/")
+    return leaf if leaf.is_dir() else base
+
+
+def _tightest(base: Path, leaf: Path, limit_file: str, unlimited: int | None) -> tuple[int | None, Path | None]:
+    """The smallest limit on the way from leaf up to the mount root: a parent's limit binds its children."""
+    best: tuple[int | None, Path | None] = (None, None)
+    directory = leaf
+    while True:
+        value = _read(directory / limit_file)
+        number = _int(value)
+        if number is not None and (unlimited is None or number < unlimited) and (best[0] is None or number < best[0]):
+            best = (number, directory)
+        if directory == base or base not in directory.parents:
+            return best
+        directory = directory.parent
+
+
+def read_cgroup_memory(
+    *, proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> tuple[CgroupMemory | None, str]:
+    """The cgroup memory limit and usage of this process (v2, else v1's memory controller), with a note."""
+    text = _read(proc_cgroup)
+    if text is None:
+        return None, f"no {proc_cgroup}: not Linux, or /proc is not mounted"
+    entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    v2_path = next((path for hid, controllers, path in entries if hid == "0" and controllers == ""), None)
+    if v2_path is not None:
+        for base in (cgroup_root, cgroup_root / "unified"):
+            if not (base / "cgroup.controllers").is_file():
+                continue
+            leaf = _own_dir(base, v2_path)
+            if not (leaf / "memory.max").is_file() and not (leaf / "memory.current").is_file():
+                continue  # the memory controller is not enabled here (a v1/v2 hybrid)
+            limit, where = _tightest(base, leaf, "memory.max", None)
+            return (
+                CgroupMemory(
+                    version=2,
+                    limit_dir=None if where is None else str(where),
+                    max_bytes=limit,
+                    current_bytes=_int(_read(leaf / "memory.current")),
+                    inactive_file_bytes=_stat_field(leaf / "memory.stat", ("inactive_file",)),
+                    current_dir=str(leaf),
+                ),
+                f"cgroup v2 at {leaf}",
+            )
+    v1_path = next((path for _, controllers, path in entries if "memory" in controllers.split(",")), None)
+    base = cgroup_root / "memory"
+    if v1_path is not None and (base / "memory.limit_in_bytes").is_file():
+        leaf = _own_dir(base, v1_path)
+        limit, where = _tightest(base, leaf, "memory.limit_in_bytes", _V1_UNLIMITED)
+        return (
+            CgroupMemory(
+                version=1,
+                limit_dir=None if where is None else str(where),
+                max_bytes=limit,
+                current_bytes=_int(_read(leaf / "memory.usage_in_bytes")),
+                inactive_file_bytes=_stat_field(leaf / "memory.stat", ("total_inactive_file", "inactive_file")),
+                current_dir=str(leaf),
+            ),
+            f"cgroup v1 memory controller at {leaf}",
+        )
+    return None, f"no cgroup memory controller found under {cgroup_root}"
+
+
+def read_rlimit_as() -> int | None:
+    """RLIMIT_AS (`ulimit -v`, systemd LimitAS=) of this process, which a child inherits; None = unlimited."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def probe_host(
+    *, proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> HostMemory:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    cgroup, note = read_cgroup_memory(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+    return HostMemory(
+        total_bytes=int(memory.total),
+        available_bytes=int(memory.available),
+        cgroup=cgroup,
+        cgroup_note=note,
+        rlimit_as=read_rlimit_as(),
+    )

@@ -1,0 +1,142 @@
+"""Tiny random-weight GGUF models that the real pinned llama.cpp loads and runs (a few hundred KiB each).
+
+Owns writing them with the gguf package's GGUFWriter: llama, deci (per-layer KV heads), qwen2 and gemma3,
+with a small SentencePiece ('llama') vocabulary including the 256 byte tokens. Test-only: imports gguf
+and numpy, which safe_llama itself must not.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ARCHITECTURES = ("llama", "deci", "qwen2", "gemma3")
+
+# Normal SentencePiece pieces after the control and byte tokens; "▁" marks a word start.
+DEFAULT_WORDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        ["▁" + w for w in ("hi", "hello", "the", "is", "of", "and", "to", "in", "it", "world", "model")]
+        + ["▁" + c for c in "abcdefghijklmnopqrstuvwxyz"]
+        + list("abcdefghijklmnopqrstuvwxyz")
+        + ["▁", ".", ",", "!", "?"]
+    )
+)
+
+
+def write_tiny_gguf(
+    path: str | os.PathLike[str],
+    *,
+    arch: str = "llama",
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 16,
+    n_embd: int | None = None,
+    n_ff: int = 64,
+    n_ctx_train: int = 2048,
+    vocab: Sequence[str] = DEFAULT_WORDS,
+    seed: int = 0,
+    head_count_kv_per_layer: Sequence[int] | None = None,
+    sliding_window: int | None = None,
+    name: str = "tiny",
+) -> Path:
+    """Write a model and return its path.
+
+    n_embd defaults to n_head * head_dim; a different n_embd writes key_length/value_length = head_dim
+    (llama, deci and gemma3 take that; qwen2 needs head_dim == n_embd / n_head). Per-layer KV head counts
+    that differ between layers need arch="deci", whose tensors are shaped per layer. sliding_window is
+    for gemma3 (every 6th layer full, as llama.cpp's default pattern).
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, not {arch!r}")
+    embd = n_embd if n_embd is not None else n_head * head_dim
+    kv_heads = list(head_count_kv_per_layer) if head_count_kv_per_layer is not None else [n_head_kv] * n_layer
+    if len(kv_heads) != n_layer or min(kv_heads) < 1 or any(n_head % h for h in kv_heads):
+        raise ValueError(f"KV heads {kv_heads}: need {n_layer} values, each >= 1 and dividing n_head={n_head}")
+    if len(set(kv_heads)) > 1 and arch != "deci":
+        raise ValueError(f"KV heads that differ per layer need arch='deci' ({arch} shapes layers like layer 0)")
+    if arch == "qwen2" and head_dim * n_head != embd:
+        raise ValueError("qwen2 needs head_dim == n_embd / n_head")
+    if sliding_window is not None and arch != "gemma3":
+        raise ValueError("sliding_window is only written for gemma3")
+
+    rng = np.random.default_rng(seed)
+    out = Path(path)
+    writer = gguf.GGUFWriter(str(out), arch)
+    writer.add_name(name)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(kv_heads if head_count_kv_per_layer is not None else n_head_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
+    n_vocab = _add_vocab(writer, vocab)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    # numpy shapes are ggml's ne reversed: a {n_embd, n_vocab} tensor is (n_vocab, n_embd) here
+    writer.add_tensor("token_embd.weight", weight(n_vocab, embd))
+    writer.add_tensor("output_norm.weight", ones(embd))
+    for il, heads in enumerate(kv_heads):
+        blk = f"blk.{il}"
+        writer.add_tensor(f"{blk}.attn_norm.weight", ones(embd))
+        writer.add_tensor(f"{blk}.attn_q.weight", weight(n_head * head_dim, embd))
+        writer.add_tensor(f"{blk}.attn_k.weight", weight(heads * head_dim, embd))
+        writer.add_tensor(f"{blk}.attn_v.weight", weight(heads * head_dim, embd))
+        writer.add_tensor(f"{blk}.attn_output.weight", weight(embd, n_head * head_dim))
+        if arch == "qwen2":
+            writer.add_tensor(f"{blk}.attn_q.bias", weight(n_head * head_dim))
+            writer.add_tensor(f"{blk}.attn_k.bias", weight(heads * head_dim))
+            writer.add_tensor(f"{blk}.attn_v.bias", weight(heads * head_dim))
+        if arch == "gemma3":
+            writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(embd))
+            writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(embd))
+        writer.add_tensor(f"{blk}.ffn_norm.weight", ones(embd))
+        writer.add_tensor(f"{blk}.ffn_gate.weight", weight(n_ff, embd))
+        writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, embd))
+        writer.add_tensor(f"{blk}.ffn_down.weight", weight(embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _add_vocab(writer: gguf.GGUFWriter, words: Sequence[str]) -> int:
+    """A SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then the given pieces."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(words)
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("the vocabulary has duplicate tokens, which llama.cpp aborts on")
+    types = (
+        [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        + [gguf.TokenType.BYTE] * 256
+        + [gguf.TokenType.NORMAL] * len(words)
+    )
+    # SentencePiece prefers higher scores: longer pieces first, bytes only as the fallback
+    scores = [0.0, 0.0, 0.0] + [-1000.0] * 256 + [float(len(w)) - 100.0 for w in words]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    return len(tokens)
