@@ -82,6 +82,7 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
         profile=report.profile,
         kv_split=options.kv_split,
         learned_max_alloc=options.learned_max_alloc,
+        malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
     ngl = req.n_gpu_layers

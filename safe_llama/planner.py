@@ -30,6 +30,8 @@ class Target:
 
     backend: str  # cpu | openvino | cuda | vulkan | sycl | opencl | metal | hip
     host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
+    address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
+    malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -105,15 +107,16 @@ def kv_splits(target: Target, policy: Policy) -> bool:
 def compute_estimate(facts: ModelFacts, kv: KvPlan) -> int:
     """An upper estimate of llama.cpp's compute and output buffers (not predicted to the byte).
 
-    Calibrated on the bundled gemma-3-270m (CPU: 24.78 MiB at -c 4096, 84.78 MiB at -c 65536): the
-    attention mask grows by n_ubatch f16 per cell; without flash attention KQ holds f32 per head.
+    Calibrated on the bundled gemma-3-270m: llama.cpp logs a CPU compute buffer of 24.78 MiB at -c 4096
+    and 84.78 MiB at -c 65536, the growth being the f16 attention mask (n_ubatch x 2 bytes per cell);
+    without flash attention KQ holds f32 per head.
     """
     ctx = kv.context
     n_embd = facts.embedding_length
-    n_ff = max(facts.feed_forward_length, 4 * n_embd)
+    n_ff = max(facts.feed_forward_length, n_embd)
     n_head = max(facts.head_count, default=1)
     per_token = (8 * n_embd + 4 * n_ff) * 4
-    mask = ctx.n_ctx_seq * ctx.n_ubatch * 2 if kv.flash_attn else ctx.n_ctx_seq * ctx.n_ubatch * n_head * 4
+    mask = ctx.n_ctx_seq * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
     logits = facts.vocab_size * 4 * max(ctx.n_seq_max, 1)
     return ctx.n_ubatch * per_token + mask + logits
 
@@ -156,7 +159,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 f" less {fraction:.0%}",
             )
         )
-    overhead = policy.per_backend(policy.process_overhead, target.backend)
+    overheads = policy.address_space_overhead if target.address_space_budget else policy.process_overhead
+    overhead = policy.per_backend(overheads, target.backend)
     # Integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first.
     host_kv = kv.total_bytes if (target.integrated or target.backend == "openvino") else kv_host
     host_compute = compute if (not target.on_gpu or target.integrated) else 0
@@ -241,6 +245,15 @@ def plan(
     notes: list[str] = []
     if target.neo_filter:
         taken.append(Step("neo-filter", f"{len(target.neo_filter)} NEO variables so only the targeted GPU is visible"))
+    if target.address_space_budget and policy.malloc_arena_max and not target.malloc_arena_max_set:
+        env["MALLOC_ARENA_MAX"] = str(policy.malloc_arena_max)
+        taken.append(
+            Step(
+                "malloc-arenas",
+                f"address-space limit {human(target.host_budget.value)}: MALLOC_ARENA_MAX={policy.malloc_arena_max}"
+                " so glibc's per-thread arenas (64 MiB of address space each) cannot exhaust it",
+            )
+        )
     ctx_applied = False
     for step in steps:
         allocs = allocations(facts, settings, target, policy)
@@ -352,6 +365,7 @@ def target_from(
     profile: DeviceProfile | None = None,
     kv_split: bool | None = None,
     learned_max_alloc: int | None = None,
+    malloc_arena_max_set: bool = False,
 ) -> Target:
     """The planner's view of a probed (or declared) device.
 
@@ -372,6 +386,8 @@ def target_from(
     return Target(
         backend=backend if backend != "unknown" else "cpu",
         host_budget=host.budget_bytes,
+        address_space_budget="RLIMIT_AS" in host.budget_bytes.detail,
+        malloc_arena_max_set=malloc_arena_max_set,
         on_gpu=on_gpu,
         integrated=integrated,
         device=device.llama_name,

@@ -23,8 +23,10 @@ class Policy:
     max_alloc_margin: Mapping[str, int]
     memory_margin_fraction: Mapping[str, float]
     process_overhead: Mapping[str, int]
+    address_space_overhead: Mapping[str, int]
     kv_split: Mapping[str, Any]
     ladder: Mapping[str, tuple[str, ...]]
+    malloc_arena_max: int
     openvino_q8: bool
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
@@ -73,8 +75,10 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
             max_alloc_margin={k: int(v) for k, v in raw["max_alloc_margin_bytes"].items()},
             memory_margin_fraction={k: float(v) for k, v in raw["memory_margin_fraction"].items()},
             process_overhead={k: int(v) for k, v in raw["process_overhead_bytes"].items()},
+            address_space_overhead={k: int(v) for k, v in raw["address_space_overhead_bytes"].items()},
             kv_split=dict(raw["kv_split"]),
             ladder=ladder,
+            malloc_arena_max=int(raw.get("malloc_arena_max", 0)),
             openvino_q8=bool(raw.get("quantized_kv", {}).get("openvino_q8", False)),
         )
     except (KeyError, TypeError, ValueError) as err:
