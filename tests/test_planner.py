@@ -146,7 +146,7 @@ def test_cpu_budget_reduces_context_exactly(policy: Policy) -> None:
 
 def test_nothing_fits_at_the_floor(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    target = Target(backend="cpu", host_budget=Sourced(512 << 20, "probed", "RLIMIT_AS"))
+    target = Target(backend="cpu", host_budget=Sourced(300 << 20, "probed", "RLIMIT_AS"))
     with pytest.raises(SafeLlamaError) as err:
         plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy)
     assert err.value.status == ExitStatus.NOTHING_FITS
