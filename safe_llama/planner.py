@@ -121,6 +121,10 @@ def compute_estimate(facts: ModelFacts, kv: KvPlan) -> int:
     return ctx.n_ubatch * per_token + mask + logits
 
 
+def _origin(value: Sourced[int]) -> str:
+    return f"{value.source}: {value.detail}" if value.detail else value.source
+
+
 def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
     kv = plan_kv(facts, settings.kv)
     out: list[Allocation] = []
@@ -155,7 +159,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 "device total (weights, KV, compute estimate)",
                 weights_device + kv_device + compute,
                 usable,
-                f"device memory {human(target.device_memory.value)} ({target.device_memory.source})"
+                f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
                 f" less {fraction:.0%}",
             )
         )
@@ -171,7 +175,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             "host total (process, weights, KV, compute estimate)",
             overhead + host_weights + host_kv + host_compute,
             usable_host,
-            f"host budget {human(target.host_budget.value)} ({target.host_budget.source}) less {fraction:.0%}",
+            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}) less {fraction:.0%}",
         )
     )
     return tuple(out)

@@ -187,3 +187,39 @@ def test_mla_and_recurrent(policy: Policy) -> None:
     p = plan(mamba, KvRequest(tool="server", n_ctx=4096, n_parallel=2), target, policy)
     assert [c.kind for c in p.kv.caches] == ["recurrent"]
     assert p.kv.caches[0].cells == 2
+
+
+def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
+    """systemd's MemoryMax= as the cgroup's memory.max bounds the plan (a tree in tmp_path, real parsing)."""
+    from dataclasses import replace
+
+    from safe_llama.device_map import TargetDevice, host_budget
+    from safe_llama.probe_host import probe_host
+    from tests.test_probe_host import write
+
+    root = tmp_path / "fs"
+    write(root / "cgroup.controllers", "memory\n")
+    write(root / "system.slice" / "llama.service" / "memory.max", f"{3 * GIB}\n")
+    write(root / "system.slice" / "llama.service" / "memory.current", f"{GIB}\n")
+    write(root / "system.slice" / "llama.service" / "memory.stat", "anon 1\nfile 0\ninactive_file 0\n")
+    write(tmp_path / "cgroup", "0::/system.slice/llama.service\n")
+    host = probe_host(proc_cgroup=tmp_path / "cgroup", cgroup_root=root)
+    host = replace(host, rlimit_as=None, available_bytes=64 * GIB, total_bytes=64 * GIB)
+    budget = host_budget(host)
+    assert budget.budget_bytes.value == 2 * GIB  # memory.max less memory.current
+    assert "cgroup v2" in budget.budget_bytes.detail
+    cpu = TargetDevice(
+        llama_name=None, backend="cpu", backend_device=None, description="host CPU", requested_by="default",
+        opencl=None, pci=None, pci_bdf=None, limits_alloc=False, max_alloc_bytes=None, memory_bytes=None,
+        memory_free_bytes=None, integrated=None, on_host=True, shares_host_memory=True,
+    )  # fmt: skip
+    from safe_llama.planner import target_from
+
+    target = target_from(cpu, budget, binary_version="0.6.0-dev")
+    assert not target.address_space_budget
+    facts = _facts("llama", **LLAMA_3B)
+    p = plan(facts, KvRequest(tool="server", n_ctx=65536, n_parallel=1), target, policy)
+    chosen = int(p.argv_changes["--ctx-size"])
+    assert 4096 <= chosen < 65536
+    assert "host budget 2.00 GiB (probed: cgroup v2 headroom" in p.steps[0].reason
+    assert p.allocations[-1].limit == int(2 * GIB * (1 - policy.memory_margin_fraction["default"]))
