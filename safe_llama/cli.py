@@ -7,6 +7,7 @@ configs/). Heavy modules are imported inside the commands so `--help` and the la
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -176,10 +177,77 @@ def devices(
     )
 
 
+def _tool_command(tool: str) -> None:
+    @app.command(name=tool, context_settings=PASSTHROUGH, help=f"Run llama-{tool} with a plan that fits.")
+    def _command(
+        args: Annotated[list[str] | None, typer.Argument(help=f"llama-{tool}'s own arguments")] = None,
+    ) -> None:
+        raise typer.Exit(_launch(tool, list(args or []), {}))
+
+
+for _tool in TOOLS:
+    _tool_command(_tool)
+
+
+def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+    import os
+
+    from safe_llama import launch, launch_args
+
+    settings = launch_args.resolve(given, os.environ)
+    return launch.run(tool, args, os.environ, launch_args.launch_options(settings))
+
+
+def _drop_in(tool: str, argv: list[str] | None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    return _guarded(lambda: _launch(tool, list(args), {}))
+
+
+def main_cli(argv: list[str] | None = None) -> int:
+    """safe-llama-cli: exactly llama-cli's arguments."""
+    return _drop_in("cli", argv)
+
+
+def main_server(argv: list[str] | None = None) -> int:
+    """safe-llama-server: exactly llama-server's arguments."""
+    return _drop_in("server", argv)
+
+
+def main_completion(argv: list[str] | None = None) -> int:
+    """safe-llama-completion: exactly llama-completion's arguments."""
+    return _drop_in("completion", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: runs the app and maps every failure to a documented exit code."""
+    """Console-script entry: a launch goes straight to the launcher (no typer on that path); everything
+    else runs the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
+    import os
+
+    from safe_llama.launch_args import DROP_IN, split
+
+    args = sys.argv[1:] if argv is None else argv
+    name = os.path.basename(sys.argv[0])
+    if argv is None and name in DROP_IN:
+        return _drop_in(DROP_IN[name], args)
     try:
-        app(args=argv, prog_name="safe-llama", standalone_mode=False)
+        request = split(args)
+    except SafeLlamaError as err:
+        sys.stderr.write(f"{err.message}\n")
+        return int(err.status)
+    if request is not None:
+        return _guarded(lambda: _launch(request.tool, list(request.args), dict(request.settings)))
+    return _guarded(lambda: _run_app(args))
+
+
+def _run_app(args: list[str]) -> int:
+    app(args=args, prog_name="safe-llama", standalone_mode=False)
+    return 0
+
+
+def _guarded(body: Callable[[], int]) -> int:
+    """Maps every failure to a documented exit code; a message, never a traceback, for known errors."""
+    try:
+        return body()
     except SafeLlamaError as err:
         sys.stderr.write(f"{err.message}\n")
         return int(err.status)
@@ -195,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             return int(ExitStatus.USAGE)
         if isinstance(err, click.exceptions.Abort):
             return int(ExitStatus.INTERRUPTED)
-        raise
-    return 0
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.write(f"safe-llama: internal error: {type(err).__name__}: {err}\n")
+        return int(ExitStatus.INTERRUPTED if isinstance(err, KeyboardInterrupt) else ExitStatus.INTERNAL)
 
 
 if __name__ == "__main__":

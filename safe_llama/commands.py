@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from safe_llama import render
@@ -36,6 +36,7 @@ class PlanOptions:
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
     learned_max_alloc: int | None = None
+    kv_cap: int | None = None  # after a failed start: stay at or under this much KV
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
         learned_max_alloc=options.learned_max_alloc,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
+    if options.kv_cap is not None:
+        target = replace(target, kv_cap=options.kv_cap)
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None

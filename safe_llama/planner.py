@@ -32,6 +32,7 @@ class Target:
     host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
     address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
     malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
+    kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -128,6 +129,8 @@ def _origin(value: Sourced[int]) -> str:
 def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
     kv = plan_kv(facts, settings.kv)
     out: list[Allocation] = []
+    if target.kv_cap is not None:
+        out.append(Allocation("KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed"))
     kv_on_device = target.on_gpu and not settings.stateful
     n_layer = max(facts.block_count, 1)
     offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
