@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from safe_llama.binaries import find_binary
@@ -26,7 +26,7 @@ SHRINK = 0.75  # after a failure with no limit in the message, the next KV is at
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    plan: PlanOptions = PlanOptions()
+    plan: PlanOptions = field(default_factory=PlanOptions)
     predict: bool = True  # False: the first attempt runs the command line as given
     attempts: int = DEFAULT_ATTEMPTS
     remember: bool = True
