@@ -177,16 +177,25 @@ def devices(
     )
 
 
-def _tool_command(tool: str) -> None:
-    @app.command(name=tool, context_settings=PASSTHROUGH, help=f"Run llama-{tool} with a plan that fits.")
-    def _command(
-        args: Annotated[list[str] | None, typer.Argument(help=f"llama-{tool}'s own arguments")] = None,
-    ) -> None:
-        raise typer.Exit(_launch(tool, list(args or []), {}))
+ToolArgs = Annotated[list[str] | None, typer.Argument(help="the llama.cpp tool's own arguments")]
 
 
-for _tool in TOOLS:
-    _tool_command(_tool)
+@app.command(name="cli", context_settings=PASSTHROUGH)
+def _cli(args: ToolArgs = None) -> None:
+    """Run llama-cli with a plan that fits (safe-llama [options] cli [llama-cli args])."""
+    raise typer.Exit(_launch("cli", list(args or []), {}))
+
+
+@app.command(name="server", context_settings=PASSTHROUGH)
+def _server(args: ToolArgs = None) -> None:
+    """Run llama-server with a plan that fits (safe-llama [options] server [llama-server args])."""
+    raise typer.Exit(_launch("server", list(args or []), {}))
+
+
+@app.command(name="completion", context_settings=PASSTHROUGH)
+def _completion(args: ToolArgs = None) -> None:
+    """Run llama-completion with a plan that fits (safe-llama [options] completion [args])."""
+    raise typer.Exit(_launch("completion", list(args or []), {}))
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from safe_llama.binaries import find_binary
 from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare
@@ -19,6 +20,10 @@ from safe_llama.llama_args import redact_argv
 from safe_llama.say import Say
 from safe_llama.sdnotify import Notifier, child_env
 from safe_llama.units import human
+
+if TYPE_CHECKING:
+    from safe_llama.signatures import Failure, SignatureTable
+    from safe_llama.supervise import Stream, Verdict
 
 DEFAULT_ATTEMPTS = 4
 SHRINK = 0.75  # after a failure with no limit in the message, the next KV is at most this share
@@ -72,13 +77,13 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             prepared = prepare(tool, args, env, plan_options)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
     attempt = 0
-    last_kv: int | None = None
+    last_kv: tuple[int, int] | None = None
     while True:
         attempt += 1
         if prepared is None or (attempt == 1 and not options.predict):
             argv = list(args) if prepared is None else final_argv(_unplanned(prepared))
             extra_env: dict[str, str] = {}
-            kv_now = None if prepared is None else _unplanned_kv(prepared)
+            kv_now = None if prepared is None else _unplanned_footprint(prepared)
         else:
             if prepared.plan is None:
                 assert prepared.error is not None
@@ -91,21 +96,28 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
                 say(step.reason)
             argv = final_argv(prepared)
             extra_env = dict(prepared.plan.env_changes)
-            kv_now = prepared.plan.kv.total_bytes
+            kv_now = _footprint(prepared)
         if last_kv is not None and kv_now is not None and kv_now >= last_kv:
             raise SafeLlamaError(
-                f"safe-llama: no smaller plan than {human(last_kv)} of KV; giving up after {attempt - 1} attempt(s)",
+                f"safe-llama: no plan smaller than the one that failed ({human(last_kv[1])} of KV, "
+                f"{human(last_kv[0])} of it on the device); giving up after {attempt - 1} attempt(s)",
                 ExitStatus.RETRIES_EXHAUSTED,
             )
         notifier.status(f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200])
+        on_ready = _ReadyActions(say, notifier, attempt)
+        if (
+            prepared is not None
+            and digest is not None
+            and prepared.plan is not None
+            and attempt_is_planned(attempt, options)
+        ):
+            on_ready.store = (digest, prepared, plan_options, env)
         outcome = supervise.launch(
             [str(binary), *argv],
             {**base_env, **extra_env},
-            watcher=supervise.SignatureWatcher(table),
+            watcher=_Watcher(table, on_ready),
             probe=supervise.probe_for(tool, argv, {**base_env, **extra_env}),
         )
-        if outcome.ready and prepared is not None and digest is not None and prepared.plan is not None:
-            _store(digest, prepared, attempt, plan_options, env)
         if not outcome.retry:
             if outcome.failure is not None and not outcome.failure.memory and outcome.failure.line:
                 pass  # the child's own message is already on the terminal
@@ -120,25 +132,74 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             return int(ExitStatus.RETRIES_EXHAUSTED)
         last_kv = kv_now
         learned = failure.limit_bytes
-        cap = int((kv_now or 0) * SHRINK) if learned is None else (kv_now or 1) - 1
-        plan_options = replace(
-            plan_options,
-            kv_cap=cap,
-            learned_max_alloc=learned if learned is not None else plan_options.learned_max_alloc,
-        )
-        what = f"device max allocation {human(learned)} learned" if learned else f"KV at most {human(cap)}"
+        if learned is not None:  # the plan is checked against the limit the device named: it must differ
+            plan_options = replace(plan_options, learned_max_alloc=learned)
+            what = f"device max allocation {human(learned)} learned"
+        else:
+            cap = int((kv_now[1] if kv_now else 0) * SHRINK)
+            plan_options = replace(plan_options, kv_cap=cap)
+            what = f"KV at most {human(cap)}"
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying with {what}", "warning")
         prepared = prepare(tool, args, env, plan_options)
+
+
+def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
+    return options.predict or attempt > 1
+
+
+class _ReadyActions:
+    """What happens the moment start-up is over: remember the plan, tell systemd."""
+
+    def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
+        self.say = say
+        self.notifier = notifier
+        self.attempt = attempt
+        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+
+    def __call__(self) -> None:
+        if self.store is not None:
+            digest, prepared, options, env = self.store
+            _store(digest, prepared, self.attempt, options, env)
+        self.notifier.ready(f"ready (attempt {self.attempt})")
+
+
+class _Watcher:
+    """The signature watcher, plus the ready actions."""
+
+    def __init__(self, table: SignatureTable, on_ready: _ReadyActions) -> None:
+        from safe_llama.supervise import SignatureWatcher
+
+        self._inner = SignatureWatcher(table)
+        self._on_ready = on_ready
+
+    def output(self, stream: Stream, data: bytes) -> Verdict:
+        return self._inner.output(stream, data)
+
+    def ready(self) -> None:
+        self._inner.ready()
+        self._on_ready()
+
+    def conclude(self, returncode: int | None) -> Failure | None:
+        return self._inner.conclude(returncode)
 
 
 def _unplanned(prepared: Prepared) -> Prepared:
     return replace(prepared, plan=None)
 
 
-def _unplanned_kv(prepared: Prepared) -> int:
+def _footprint(prepared: Prepared) -> tuple[int, int]:
+    """(KV bytes on the device, KV bytes in all): each attempt must be strictly smaller than the last."""
+    assert prepared.plan is not None
+    total = prepared.plan.kv.total_bytes
+    on_device = prepared.target.on_gpu and not prepared.plan.settings.stateful
+    return (total if on_device else 0, total)
+
+
+def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
     from safe_llama.kv import plan_kv
 
-    return plan_kv(prepared.facts, prepared.request.kv).total_bytes
+    total = plan_kv(prepared.facts, prepared.request.kv).total_bytes
+    return (total if prepared.target.on_gpu else 0, total)
 
 
 def _store(digest: str, prepared: Prepared, attempt: int, options: PlanOptions, env: Mapping[str, str]) -> None:

@@ -1,0 +1,208 @@
+"""The launcher end to end: real llama.cpp under an address-space limit (retry, first-time start,
+remembered plan), the seed's OpenVINO failure through a fake binary, passthrough of arguments."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.llama_run import free_port, healthy
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+
+# Llama-3.2-3B's hyperparameters, metadata only: the seed's model, 7,516,192,768 bytes of KV at -c 65536.
+LLAMA_3B = {
+    "block_count": 28, "embedding_length": 3072, "context_length": 131072, "feed_forward_length": 8192,
+    "attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
+    "attention.value_length": 128,
+}  # fmt: skip
+
+
+def write_metadata_gguf(path: Path, arch: str, meta: dict[str, int]) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _limit(kib: int | None) -> object:
+    if kib is None:
+        return None
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (kib * 1024, kib * 1024))
+
+    return apply
+
+
+def safe_llama(
+    args: list[str], env: dict[str, str], *, as_limit_kib: int | None = None, timeout: float = 120
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "safe_llama", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_limit(as_limit_kib),  # type: ignore[arg-type]
+    )
+
+
+def serve_until_healthy(args: list[str], env: dict[str, str], as_limit_kib: int | None) -> tuple[bool, int, str]:
+    """Start safe-llama server, wait for /health 200 (or its exit), stop it: (ready, exit code, stderr)."""
+    port = free_port()
+    proc = safe_llama(["server", *args, "--port", str(port)], env, as_limit_kib=as_limit_kib)
+    ready = False
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if healthy(port):
+            ready = True
+            time.sleep(1.0)  # the supervisor's own /health poll (every 0.2 s) sees it too
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    return ready, proc.returncode, err.decode(errors="replace")
+
+
+@pytest.fixture
+def env(tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]) -> dict[str, str]:
+    return {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SAFE_LLAMA_BIN_DIR": str(llama_bin)}
+
+
+def _attempt_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("safe-llama: attempt")]
+
+
+@pytest.mark.slow
+def test_retry_path_ends_in_a_healthy_server(env: dict[str, str]) -> None:
+    """Prediction off: the KV allocation really fails under ulimit -v, the retry starts."""
+    ready, code, err = serve_until_healthy(["-c", "2000000"], {**env, "SAFE_LLAMA_PREDICT": "0"}, 2_097_152)
+    assert ready, err[-3000:]
+    failed = _attempt_lines(err)
+    assert len(failed) == 1, err[-3000:]
+    assert "attempt 1 failed: " in failed[0] and "allocate" in failed[0]
+    assert code == 0
+
+
+@pytest.mark.slow
+def test_prediction_starts_first_time_then_remembers(env: dict[str, str]) -> None:
+    ready, code, err = serve_until_healthy(["-c", "2000000"], env, 2_097_152)
+    assert ready and code == 0, err[-3000:]
+    assert _attempt_lines(err) == []
+    assert "the largest that fits" in err
+    plans = list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "plans").glob("*.json"))
+    assert len(plans) == 1 and (plans[0].stat().st_mode & 0o777) == 0o600
+    ready, code, err = serve_until_healthy(["-c", "2000000"], env, 2_097_152)
+    assert ready and code == 0 and _attempt_lines(err) == [], err[-3000:]
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    for name in ("llama-completion", "llama-server", "llama-cli"):
+        shim = bin_dir / name
+        shim.write_text(
+            f"#!/bin/sh\n# FAKE: an Intel-GPU OpenVINO llama.cpp build (see tests/fakes/fake_openvino_llama.py)\n"
+            f'exec {sys.executable} {ROOT / "tests" / "fakes" / "fake_openvino_llama.py"} "$@"\n'
+        )
+        shim.chmod(0o755)
+    return bin_dir
+
+
+@pytest.fixture
+def seed(tmp_path: Path, clean_env: dict[str, str]) -> tuple[dict[str, str], Path, Path]:
+    model = write_metadata_gguf(tmp_path / "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "llama", LLAMA_3B)
+    log = tmp_path / "argv.log"
+    env = {
+        **clean_env,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
+        "FAKE_SAFE_LLAMA_ROOT": str(ROOT),
+        "FAKE_ARGV_LOG": str(log),
+    }
+    return env, model, log
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "safe_llama", *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize("keep_running", [False, True], ids=["exits", "keeps-running"])
+def test_seed_openvino_error_learned_then_stateful(seed: tuple[dict[str, str], Path, Path], keep_running: bool) -> None:
+    """A GPU no profile describes: the limit is unknown until OpenVINO's message names it."""
+    env, model, log = seed
+    env["FAKE_DEVICE_NAME"] = "Intel(R) Graphics (an iGPU without a profile)"
+    if keep_running:
+        env["FAKE_KEEP_RUNNING"] = "1"
+    done = _run(["completion", "-m", str(model), "-c", "65536", "-p", "Once", "-n", "8"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Once upon a time" in done.stdout
+    attempts = [eval(line) for line in log.read_text().splitlines()]  # noqa: S307 (our own repr lines)
+    assert [stateful for _, stateful in attempts] == [None, "1"]
+    assert attempts[1][0][:6] == ["-m", str(model), "-c", "65536", "-p", "Once"]
+    lines = _attempt_lines(done.stderr)
+    assert len(lines) == 1 and "4.00 GiB learned" in lines[0]
+    assert any("stateful execution keeps the KV in host RAM" in x for x in done.stderr.splitlines())
+    # the next launch remembers the learned limit: one attempt, stateful from the start
+    log.unlink()
+    again = _run(["completion", "-m", str(model), "-c", "65536", "-p", "Once", "-n", "8"], env)
+    assert again.returncode == 0
+    assert [s for _, s in (eval(x) for x in log.read_text().splitlines())] == ["1"]  # noqa: S307
+
+
+def test_seed_profile_predicts_stateful_first_time(seed: tuple[dict[str, str], Path, Path]) -> None:
+    """The UHD 770 is recognised by name (configs/devices/intel-uhd-770.toml): no failed start at all."""
+    env, model, log = seed
+    done = _run(["completion", "-m", str(model), "-c", "65536", "-p", "Once"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [s for _, s in (eval(x) for x in log.read_text().splitlines())] == ["1"]  # noqa: S307
+    assert _attempt_lines(done.stderr) == []
+    assert "7.00 GiB > device max allocation 4.00 GiB" in done.stderr
+
+
+def test_seed_ladder_ctx_only_gives_37376(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, log = seed
+    done = _run(["--ladder", "ctx", "completion", "-m", str(model), "-c", "65536", "-p", "Once"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    args, stateful = [eval(x) for x in log.read_text().splitlines()][-1]  # noqa: S307
+    assert stateful is None
+    assert args[args.index("-c") + 1] == "37376"
+
+
+def test_arguments_reach_the_tool_unchanged(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, log = seed
+    odd = ["-p", "$(touch /tmp/x); 'q' \"d\"\nnl", "--temp", "0.5"]
+    done = _run(["completion", "-m", str(model), "-c", "4096", *odd], {**env, "GGML_OPENVINO_STATEFUL_EXECUTION": "1"})
+    assert done.returncode == 0, done.stderr
+    args, _ = [eval(x) for x in log.read_text().splitlines()][-1]  # noqa: S307
+    assert args[:4] == ["-m", str(model), "-c", "4096"] and args[4:8] == odd
+
+
+def test_non_memory_failure_is_not_retried(tmp_path: Path, env: dict[str, str]) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    done = _run(["completion", "-m", str(bad), "-p", "x"], env)
+    assert done.returncode == 65
+    assert done.stderr.count("\n") == 1 and str(bad) in done.stderr
+
+
+def test_binary_not_found_is_127(env: dict[str, str], tmp_path: Path) -> None:
+    done = _run(["server", "-c", "256"], {**env, "SAFE_LLAMA_BIN_DIR": str(tmp_path)})
+    assert done.returncode == 127
+    assert str(tmp_path / "llama-server") in done.stderr
