@@ -14,10 +14,10 @@ import time
 
 sys.path.insert(0, os.environ["FAKE_SAFE_LLAMA_ROOT"])
 
-from safe_llama.kv import plan_kv  # noqa: E402
-from safe_llama.llama_args import parse  # noqa: E402
-from safe_llama.model_facts import load_model_facts  # noqa: E402
-from safe_llama.request import to_request  # noqa: E402
+from safe_llama.kv import plan_kv
+from safe_llama.llama_args import parse
+from safe_llama.model_facts import load_model_facts
+from safe_llama.request import to_request
 
 VERSION = "version: 0.4.1-dev (build 1, commit 972d2313b)\nbuilt with GNU 12.2.0 for Linux x86_64\n"
 DEVICES = "Available devices:\n  OPENVINO0: GGML_OPENVINO_DEVICE=GPU (selected) - {name} (25548 MiB, 25548 MiB free)\n"
