@@ -74,7 +74,7 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
         if options.llama_bin:
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
-    report = probe_devices(binary=binary, args=args, env=env, declared=options.declared)
+    report = probe_devices(binary=binary, args=args, env=env, declared=options.declared, opencl_always=False)
     version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
     target = target_from(
         report.target,

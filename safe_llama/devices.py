@@ -254,19 +254,21 @@ def probe_devices(
     refresh: bool = False,
     roots: ProbeRoots = ProbeRoots(),
     binary_note: str = "",
+    opencl_always: bool = True,
 ) -> DeviceReport:
     """Everything about the device a llama.cpp command line (args, and the env it will run with) targets.
 
     `binary` is the llama.cpp tool to ask (None: skip llama.cpp's view, `binary_note` says why). Slow
     probes are cached under
-    cache_dir(env)/probe/; `refresh` ignores the caches.
+    cache_dir(env)/probe/; `refresh` ignores the caches. With opencl_always False (the launch path),
+    OpenCL is not probed when llama.cpp lists no device and sysfs shows no GPU: a CPU-only build on a
+    machine without GPUs has no OpenCL limit that could apply.
     """
     cache = cache_dir(env) / "probe"
     request = resolve_request(args, env)
     profile = load_profile(declared.profile, env) if declared.profile else None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
     host = probe_host(proc_cgroup=roots.proc_cgroup, cgroup_root=roots.cgroup_root)
-    opencl, opencl_cached = probe_opencl_cached(env=env, cache=cache, sysfs=sysfs, refresh=refresh)
     llama: LlamaProbe | None = None
     if binary is None:
         llama_note = f"llama.cpp's own device list is not known: {binary_note or 'no binary given'}"
@@ -276,6 +278,12 @@ def probe_devices(
             llama_note = llama.listed.problem or ""
         except (OSError, SafeLlamaError) as err:
             llama_note = f"could not run {binary} --list-devices: {err}"
+    cpu_only = llama is not None and not llama.listed.devices and not llama.listed.problem and not sysfs.gpus
+    if opencl_always or not cpu_only or request.devices not in (None, ("none",)):
+        opencl, opencl_cached = probe_opencl_cached(env=env, cache=cache, sysfs=sysfs, refresh=refresh)
+    else:
+        opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU device and sysfs shows no GPU")
+        opencl_cached = False
     target = resolve_target(
         request=request,
         listed=llama.listed if llama is not None else None,
