@@ -8,7 +8,9 @@ process handling is supervise.py's, the decisions the planner's.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,9 +25,11 @@ from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.signatures import Failure, SignatureTable
-    from safe_llama.supervise import Stream, Verdict
+    from safe_llama.supervise import ReadinessProbe, Stream, Verdict
 
 DEFAULT_ATTEMPTS = 4
+EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
+EXTEND_EVERY = 10.0
 SHRINK = 0.75  # after a failure with no limit in the message, the next KV is at most this share
 
 
@@ -112,12 +116,18 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             and attempt_is_planned(attempt, options)
         ):
             on_ready.store = (digest, prepared, plan_options, env)
+        probe = supervise.probe_for(tool, argv, {**base_env, **extra_env})
+        on_ready.health = probe.check if tool == "server" else None
+        notifier.extend_timeout(EXTEND_TIMEOUT)
         outcome = supervise.launch(
             [str(binary), *argv],
             {**base_env, **extra_env},
             watcher=_Watcher(table, on_ready),
-            probe=supervise.probe_for(tool, argv, {**base_env, **extra_env}),
+            probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         )
+        on_ready.stop_watchdog()
+        if outcome.ready:
+            notifier.stopping()
         if not outcome.retry:
             if outcome.failure is not None and not outcome.failure.memory and outcome.failure.line:
                 pass  # the child's own message is already on the terminal
@@ -148,19 +158,61 @@ def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
 
 
 class _ReadyActions:
-    """What happens the moment start-up is over: remember the plan, tell systemd."""
+    """What happens the moment start-up is over: remember the plan, tell systemd, keep its watchdog fed
+    while llama-server's /health answers 200 (and only then: systemd restarts a server that stops)."""
 
     def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
         self.say = say
         self.notifier = notifier
         self.attempt = attempt
         self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+        self.health: Callable[[], bool] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __call__(self) -> None:
         if self.store is not None:
             digest, prepared, options, env = self.store
             _store(digest, prepared, self.attempt, options, env)
         self.notifier.ready(f"ready (attempt {self.attempt})")
+        interval = self.notifier.watchdog_interval
+        if interval is not None:
+            # started from inside supervise.launch, so the thread inherits its blocked signal mask
+            self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
+            self._thread.start()
+
+    def _watchdog(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            if self.health is None or self.health():
+                self.notifier.watchdog()
+
+    def stop_watchdog(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+class _NotifyingProbe:
+    """The readiness probe, plus EXTEND_TIMEOUT_USEC to systemd while loading goes on."""
+
+    def __init__(self, inner: ReadinessProbe, notifier: Notifier) -> None:
+        self._inner = inner
+        self._notifier = notifier
+        self._last = time.monotonic()
+
+    def output(self, stream: Stream, data: bytes) -> bool:
+        return self._inner.output(stream, data)
+
+    def poll_interval(self) -> float | None:
+        inner = self._inner.poll_interval()
+        return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)
+
+    def check(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= EXTEND_EVERY:
+            self._notifier.extend_timeout(EXTEND_TIMEOUT)
+            self._last = now
+        return self._inner.check()
 
 
 class _Watcher:
