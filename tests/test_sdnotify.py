@@ -44,7 +44,7 @@ class Receiver:
                 self.health_at_ready = healthy(self.port)
             self.messages.append((time.monotonic(), data))
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         return [line.split("=", 1)[0] for _, data in self.messages for line in data.splitlines()]
 
     def close(self) -> None:
@@ -111,11 +111,11 @@ def test_real_server_notify_sequence(
     )
     try:
         deadline = time.monotonic() + 60
-        while "READY" not in rx.keys() and time.monotonic() < deadline:
+        while "READY" not in rx.names() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rx.health_at_ready is True, "READY=1 came before /health answered 200"
         time.sleep(2.2)
-        pings = rx.keys().count("WATCHDOG")
+        pings = rx.names().count("WATCHDOG")
         assert pings >= 3
         # the child: NOTIFY_SOCKET is not in its environment
         child = int(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()[0])
@@ -124,12 +124,12 @@ def test_real_server_notify_sequence(
         # a server that stops answering gets no more watchdog pings
         os.kill(child, signal.SIGSTOP)
         time.sleep(1.0)
-        before = rx.keys().count("WATCHDOG")
+        before = rx.names().count("WATCHDOG")
         time.sleep(2.5)
-        assert rx.keys().count("WATCHDOG") == before
+        assert rx.names().count("WATCHDOG") == before
         os.kill(child, signal.SIGCONT)
         time.sleep(1.5)
-        assert rx.keys().count("WATCHDOG") > before
+        assert rx.names().count("WATCHDOG") > before
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         time.sleep(0.3)
@@ -137,7 +137,7 @@ def test_real_server_notify_sequence(
         if proc.poll() is None:
             proc.kill()
         rx.close()
-    keys = rx.keys()
+    keys = rx.names()
     assert keys[0] == "STATUS" and keys[1] == "EXTEND_TIMEOUT_USEC"
     assert keys.index("READY") < keys.index("WATCHDOG")
     assert keys[-1] == "STOPPING"
