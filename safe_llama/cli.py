@@ -177,6 +177,15 @@ def devices(
     )
 
 
+@app.command()
+def forget() -> None:
+    """Forget every remembered plan and learned limit."""
+    from safe_llama import remember
+
+    count = remember.forget()
+    typer.echo(f"safe-llama: forgot {count} remembered plan(s)")
+
+
 ToolArgs = Annotated[list[str] | None, typer.Argument(help="the llama.cpp tool's own arguments")]
 
 

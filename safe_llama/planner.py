@@ -336,9 +336,13 @@ def plan(
         )
     if policy.skip_llama_fit and not user_fit_set and (not target.on_gpu or settings.n_gpu_layers is not None):
         changes["--fit"] = "off"
+        what = "-fit off"
         if "--ctx-size" not in changes and request.n_ctx in (None, 0):
             changes["--ctx-size"] = str(plan_kv(facts, settings.kv).context.n_ctx)
-        taken.append(Step("fit-off", "the plan already sized everything: llama.cpp's own fitting dry run skipped"))
+            what = f"-c {changes['--ctx-size']} (what llama.cpp would pick) and -fit off"
+        taken.append(
+            Step("fit-off", f"{what}: the plan already sized it, so llama.cpp's own fitting dry run is skipped")
+        )
     ctx_by_type: dict[str, int] = {}
     for type_name in ("f16", "q8_0", "q4_0"):
         if type_name != "f16" and not _kv_quant_ok(facts, type_name):

@@ -206,3 +206,19 @@ def test_binary_not_found_is_127(env: dict[str, str], tmp_path: Path) -> None:
     done = _run(["server", "-c", "256"], {**env, "SAFE_LLAMA_BIN_DIR": str(tmp_path)})
     assert done.returncode == 127
     assert str(tmp_path / "llama-server") in done.stderr
+
+
+def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    from safe_llama import remember
+
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}
+    record = remember.Remembered({"--ctx-size": "4096"}, {}, 1, None, 1)
+    remember.store("a" * 40, record, env)
+    assert remember.recall("a" * 40, env) == record
+    folder = tmp_path / "safe-llama" / "plans"
+    assert (folder.stat().st_mode & 0o777) == 0o700 and (next(folder.iterdir()).stat().st_mode & 0o777) == 0o600
+    (folder / ("b" * 40 + ".json")).write_text("{not json")
+    assert remember.recall("b" * 40, env) is None  # corrupt: ignored with a warning
+    done = _run(["forget"], env)
+    assert done.returncode == 0 and "forgot 2" in done.stdout
+    assert remember.recall("a" * 40, env) is None
