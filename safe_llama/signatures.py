@@ -1,0 +1,328 @@
+"""Error signatures: recognising llama.cpp's failure lines and deciding what a failed start means.
+
+Owns the signature table (configs/signatures.toml plus a user's file), the incremental line scanner and
+the memory-or-not classification. Pure: no I/O but reading the table files; must not launch or signal.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import signal
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.paths import configs_dir
+
+Category = Literal["alloc", "context", "not_memory"]
+CATEGORIES: tuple[str, ...] = get_args(Category)
+
+# What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.
+FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", "exit"]
+MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
+
+GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"})
+MIB = 1024 * 1024
+
+# llama.cpp's log prefix: an optional `M.SS.mmm.uuu ` timestamp, then the level letter. On a terminal a
+# timestamped line can follow llama-cli's spinner on the same line, so that prefix is looked for anywhere.
+_TIMESTAMP_PREFIX = re.compile(r"\d+\.\d\d\.\d{3}\.\d{3} [IWED] ")
+_LEVEL_PREFIX = re.compile(r"^[IWED] ")
+# Colours (CSI ... letter), OSC strings and two-byte escapes: present when the child writes to a pty.
+ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    category: Category
+    pattern: re.Pattern[str]
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class SignatureTable:
+    """Signatures in the order they are tried on each line."""
+
+    signatures: tuple[Signature, ...]
+
+    def match_line(self, line: str) -> Match | None:
+        """The first signature matching one clean line (prefix already removed), as a Match."""
+        for sig in self.signatures:
+            found = sig.pattern.search(line)
+            if found is not None:
+                return _to_match(sig, line, found.groupdict())
+        return None
+
+
+@dataclass(frozen=True)
+class Match:
+    """One output line that matched a signature, with the numbers it carried."""
+
+    signature_id: str
+    category: Category
+    line: str  # the line as printed, without log prefix, colours or line ending
+    requested_bytes: int | None = None
+    limit_bytes: int | None = None
+    buffer: str | None = None
+    requested_is_estimate: bool = False  # requested_bytes was computed from a rounded MiB figure
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a start failed. `memory` is the one question the retry loop asks: may a smaller plan fix it?"""
+
+    kind: FailureKind
+    memory: bool
+    signature_id: str | None = None  # the deciding signature, if a line decided
+    line: str | None = None  # the deciding line, for the user
+    requested_bytes: int | None = None
+    limit_bytes: int | None = None  # the device's largest single allocation, when it said so
+    buffer: str | None = None
+    signal: int | None = None  # the signal that ended the child, if one did
+
+
+def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Match:
+    requested: int | None = None
+    estimate = False
+    if groups.get("requested_bytes"):
+        requested = int(groups["requested_bytes"] or 0)
+    elif groups.get("requested_mib"):
+        requested = round(float(groups["requested_mib"] or 0) * MIB)
+        estimate = True
+    limit = groups.get("limit_bytes")
+    return Match(
+        signature_id=sig.id,
+        category=sig.category,
+        line=line,
+        requested_bytes=requested,
+        limit_bytes=int(limit) if limit else None,
+        buffer=groups.get("buffer") or None,
+        requested_is_estimate=estimate,
+    )
+
+
+def clean_line(raw: str) -> str:
+    """A line as a person reads it: colours, trailing whitespace and llama.cpp's log prefix removed."""
+    line = ESCAPES.sub("", raw).rstrip()
+    stamped = _TIMESTAMP_PREFIX.search(line)
+    if stamped is not None:
+        return line[stamped.end() :]
+    return _LEVEL_PREFIX.sub("", line, count=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading the table
+# ---------------------------------------------------------------------------------------------------
+
+
+def default_table_path() -> Path:
+    return configs_dir() / "signatures.toml"
+
+
+def _parse_entry(entry: Any, where: str) -> Signature:
+    if not isinstance(entry, dict):
+        raise SafeLlamaError(f"safe-llama: {where}: a [[signature]] must be a table", ExitStatus.BAD_CONFIG)
+    unknown = set(entry) - {"id", "category", "regex", "source"}
+    if unknown:
+        raise SafeLlamaError(f"safe-llama: {where}: unknown key(s) {', '.join(sorted(unknown))}", ExitStatus.BAD_CONFIG)
+    sig_id, category, regex = entry.get("id"), entry.get("category"), entry.get("regex")
+    if not isinstance(sig_id, str) or not sig_id:
+        raise SafeLlamaError(f"safe-llama: {where}: a signature needs an id", ExitStatus.BAD_CONFIG)
+    where = f"{where}: signature '{sig_id}'"
+    if category not in CATEGORIES:
+        raise SafeLlamaError(
+            f"safe-llama: {where}: category must be one of {', '.join(CATEGORIES)}", ExitStatus.BAD_CONFIG
+        )
+    if not isinstance(regex, str) or not regex:
+        raise SafeLlamaError(f"safe-llama: {where}: regex is missing", ExitStatus.BAD_CONFIG)
+    try:
+        pattern = re.compile(regex)
+    except re.error as err:
+        raise SafeLlamaError(f"safe-llama: {where}: bad regex: {err}", ExitStatus.BAD_CONFIG) from None
+    bad_groups = set(pattern.groupindex) - GROUPS
+    if bad_groups:
+        raise SafeLlamaError(
+            f"safe-llama: {where}: unknown named group(s) {', '.join(sorted(bad_groups))}; "
+            f"known: {', '.join(sorted(GROUPS))}",
+            ExitStatus.BAD_CONFIG,
+        )
+    source = entry.get("source", "")
+    return Signature(id=sig_id, category=category, pattern=pattern, source=str(source))
+
+
+def parse_table(text: str, where: str = "signatures") -> tuple[Signature, ...]:
+    """The signatures of one TOML document, in file order. Invalid content raises BAD_CONFIG."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SafeLlamaError(f"safe-llama: {where}: {err}", ExitStatus.BAD_CONFIG) from None
+    entries = raw.get("signature", [])
+    if not isinstance(entries, list):
+        raise SafeLlamaError(f"safe-llama: {where}: 'signature' must be an array of tables", ExitStatus.BAD_CONFIG)
+    sigs = tuple(_parse_entry(entry, where) for entry in entries)
+    seen: set[str] = set()
+    for sig in sigs:
+        if sig.id in seen:
+            raise SafeLlamaError(f"safe-llama: {where}: duplicate signature id '{sig.id}'", ExitStatus.BAD_CONFIG)
+        seen.add(sig.id)
+    return sigs
+
+
+def merge_tables(builtin: Sequence[Signature], user: Sequence[Signature]) -> SignatureTable:
+    """User signatures first (they win on a line both match); a user id replaces the built-in one."""
+    user_ids = {sig.id for sig in user}
+    return SignatureTable(tuple(user) + tuple(sig for sig in builtin if sig.id not in user_ids))
+
+
+def load_table(extra: Path | None = None, *, builtin: Path | None = None) -> SignatureTable:
+    """The packaged table, with a user's file of signatures (if given) tried first."""
+    builtin_path = builtin if builtin is not None else default_table_path()
+    tables: list[tuple[Signature, ...]] = []
+    for path in (builtin_path, extra):
+        if path is None:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise SafeLlamaError(f"safe-llama: {path}: {err.strerror}", ExitStatus.BAD_CONFIG) from None
+        tables.append(parse_table(text, str(path)))
+    return merge_tables(tables[0], tables[1] if len(tables) > 1 else ())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scanning output
+# ---------------------------------------------------------------------------------------------------
+
+
+class Scanner:
+    """Turns one output stream's chunks into lines and lines into Matches.
+
+    Lines may be split anywhere across chunks, multi-byte characters included (an incremental UTF-8
+    decoder, invalid bytes replaced). \\r\\n, \\r and \\n all end a line. A line longer than max_line
+    characters is matched on its first max_line characters, so memory stays bounded.
+    """
+
+    def __init__(self, table: SignatureTable, *, max_line: int = 16384) -> None:
+        self._table = table
+        self._max_line = max_line
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending: list[str] = []
+        self._pending_len = 0
+        self._cr_pending = False  # the last chunk ended in \r: a \n first in the next one belongs to it
+
+    def feed(self, data: bytes) -> list[Match]:
+        return self._text(self._decoder.decode(data, final=False))
+
+    def close(self) -> list[Match]:
+        """Flush: the last line, even without a newline, is matched."""
+        matches = self._text(self._decoder.decode(b"", final=True))
+        if self._pending:
+            matches.extend(self._line("".join(self._pending)))
+            self._pending, self._pending_len = [], 0
+        return matches
+
+    def _text(self, text: str) -> list[Match]:
+        if not text:
+            return []
+        if self._cr_pending and text[0] == "\n":
+            text = text[1:]
+        self._cr_pending = text.endswith("\r")
+        parts = _NEWLINE.split(text)
+        matches: list[Match] = []
+        for complete in parts[:-1]:
+            self._append(complete)
+            matches.extend(self._line("".join(self._pending)))
+            self._pending, self._pending_len = [], 0
+        self._append(parts[-1])
+        return matches
+
+    def _append(self, piece: str) -> None:
+        room = self._max_line - self._pending_len
+        if room > 0 and piece:
+            piece = piece[:room]
+            self._pending.append(piece)
+            self._pending_len += len(piece)
+
+    def _line(self, raw: str) -> list[Match]:
+        line = clean_line(raw)
+        if not line:
+            return []
+        found = self._table.match_line(line)
+        return [found] if found is not None else []
+
+
+def scan_text(table: SignatureTable, data: bytes) -> list[Match]:
+    """All matches in a whole output at once (fixtures, tests)."""
+    scanner = Scanner(table)
+    return scanner.feed(data) + scanner.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Classifying a failed start
+# ---------------------------------------------------------------------------------------------------
+
+
+def _first(matches: Iterable[Match], categories: set[str]) -> Match | None:
+    return next((m for m in matches if m.category in categories), None)
+
+
+def _memory_failure(kind: FailureKind, decisive: Match | None, matches: Sequence[Match], sig: int | None) -> Failure:
+    allocs = [m for m in matches if m.category == "alloc"]
+    if decisive is not None and decisive.category == "alloc":
+        allocs.remove(decisive)
+        allocs.insert(0, decisive)
+    exact = next((m.requested_bytes for m in allocs if m.requested_bytes and not m.requested_is_estimate), None)
+    estimate = next((m.requested_bytes for m in allocs if m.requested_bytes), None)
+    return Failure(
+        kind=kind,
+        memory=True,
+        signature_id=decisive.signature_id if decisive else None,
+        line=decisive.line if decisive else None,
+        requested_bytes=exact if exact is not None else estimate,
+        limit_bytes=next((m.limit_bytes for m in allocs if m.limit_bytes), None),
+        buffer=next((m.buffer for m in allocs if m.buffer), None),
+        signal=sig,
+    )
+
+
+def classify(matches: Sequence[Match], returncode: int | None) -> Failure | None:
+    """What a start that ended before readiness means.
+
+    returncode follows subprocess: N for exit(N), -N for death by signal N, None when the child was
+    still running and was stopped because an allocation error had been printed. None is returned for a
+    clean exit (0) or a still-running child with nothing to report.
+
+    Rules, in order: the first alloc or not_memory line printed decides; else SIGKILL is the kernel's
+    OOM killer (oom_killed, memory); else another signal is a crash or a stop (not memory); else a generic
+    context failure is memory; else a non-zero exit is not memory.
+    """
+    if returncode == 0:
+        return None
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    decisive = _first(matches, {"alloc", "not_memory"})
+    if decisive is not None and decisive.category == "alloc":
+        return _memory_failure("alloc", decisive, matches, sig)
+    if decisive is not None:
+        return Failure(
+            kind="not_memory",
+            memory=False,
+            signature_id=decisive.signature_id,
+            line=decisive.line,
+            signal=sig,
+        )
+    if sig == signal.SIGKILL:
+        return _memory_failure("oom_killed", None, matches, sig)
+    if sig is not None:
+        return Failure(kind="signal", memory=False, signal=sig)
+    context = _first(matches, {"context"})
+    if context is not None:
+        return _memory_failure("context", context, matches, None)
+    if returncode is None:
+        return None
+    return Failure(kind="exit", memory=False)
