@@ -74,7 +74,8 @@ def main() -> int:
     for name, times in rows.items():
         med = statistics.median(times)
         print(f"{name:<48}{med * 1000:>7.0f}ms{min(times) * 1000:>7.0f}ms{med / base_med:>10.2f}x")
-    print(f"supervisor RSS once ready: median {statistics.median(rss) / 1048576:.1f} MiB, max {max(rss) / 1048576:.1f} MiB")
+    med_rss, max_rss = statistics.median(rss) / 1048576, max(rss) / 1048576
+    print(f"supervisor RSS once ready: median {med_rss:.1f} MiB, max {max_rss:.1f} MiB")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -4,6 +4,7 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ def write_metadata_gguf(path: Path, arch: str, meta: dict[str, int]) -> Path:
     return path
 
 
-def _limit(kib: int | None) -> object:
+def _limit(kib: int | None) -> Callable[[], None] | None:
     if kib is None:
         return None
 
@@ -56,7 +57,7 @@ def safe_llama(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=_limit(as_limit_kib),  # type: ignore[arg-type]
+        preexec_fn=_limit(as_limit_kib),
     )
 
 
