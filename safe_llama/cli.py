@@ -186,6 +186,44 @@ def forget() -> None:
     typer.echo(f"safe-llama: forgot {count} remembered plan(s)")
 
 
+# Options may follow the log file; llama.cpp's own options (-c 65536) are collected as the failed run's.
+EXPLAIN_ARGS = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+@app.command(context_settings=EXPLAIN_ARGS)
+def explain(
+    file: Annotated[str, typer.Argument(help="the llama.cpp log to read; - (the default) reads stdin")] = "-",
+    args: Annotated[
+        list[str] | None, typer.Argument(help="the failed run's llama.cpp arguments, when the log lacks them")
+    ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="The model, for an exact plan.")] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="cli, server or completion, if the log hides it.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+) -> None:
+    """Explain a failed llama.cpp run from its log, and what would fit (exit 1: no failure recognised)."""
+    from safe_llama import explain as explain_module
+
+    code = explain_module.run_explain(
+        file=file, args=list(args or []), model=model, tool=None if tool is None else _check_tool(tool),
+        json_out=json_out,
+    )  # fmt: skip
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached probe results.")] = False,
+) -> None:
+    """Check this machine's set-up for llama.cpp, one line each with a fix (exit 1: a check failed)."""
+    from safe_llama import doctor as doctor_module
+
+    code = doctor_module.run_doctor(json_out=json_out, refresh=refresh)
+    if code:
+        raise typer.Exit(code)
+
+
 ToolArgs = Annotated[list[str] | None, typer.Argument(help="the llama.cpp tool's own arguments")]
 
 

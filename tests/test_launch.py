@@ -4,10 +4,10 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
