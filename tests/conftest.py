@@ -43,3 +43,14 @@ def bundled_model() -> Path:
 def clean_env() -> dict[str, str]:
     """The environment without LLAMA_ARG_* and SAFE_LLAMA_* settings that would change a test's meaning."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
+
+
+def console_script(name: str) -> Path:
+    """An installed console script of this package, from the running interpreter's scripts directory
+    (not PATH: `python3 -m pip install` does not refresh version managers' shims)."""
+    import sysconfig
+
+    path = Path(sysconfig.get_path("scripts")) / name
+    if not path.is_file():
+        pytest.fail(f"{name} is not installed in {path.parent}: pip install -e .")
+    return path

@@ -4,11 +4,12 @@ and the same exit code llama-cli itself gives in the same session."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pexpect
 import pytest
+
+from tests.conftest import console_script
 
 
 def _session(command: str, args: list[str], env: dict[str, str]) -> tuple[bytes, int | None, int | None]:
@@ -28,8 +29,7 @@ def _session(command: str, args: list[str], env: dict[str, str]) -> tuple[bytes,
 
 @pytest.mark.slow
 def test_prompt_answer_ctrl_c(tmp_path: Path, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]) -> None:
-    exe = shutil.which("safe-llama-cli")
-    assert exe, "safe-llama-cli is not installed (pip install -e .)"
+    exe = str(console_script("safe-llama-cli"))
     env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path), "TERM": "xterm"}
     args = ["-c", "2048", "-n", "16", "--temp", "0", "--seed", "1"]
     wrapped = _session(exe, args, env)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from safe_llama.paths import configs_dir
 from safe_llama.say import Say
+from tests.conftest import console_script
 
 UNIT = configs_dir() / "systemd" / "safe-llama-server.service"
 
@@ -22,8 +22,7 @@ def _unit_with(exec_path: str, tmp_path: Path) -> Path:
 
 
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    exe = shutil.which("safe-llama-server")
-    assert exe, "safe-llama-server is not installed (pip install -e .)"
+    exe = str(console_script("safe-llama-server"))
     done = subprocess.run(
         ["systemd-analyze", "verify", str(_unit_with(exe, tmp_path))], capture_output=True, text=True, check=False
     )
