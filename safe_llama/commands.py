@@ -20,7 +20,7 @@ from safe_llama.kv import plan_kv
 from safe_llama.llama_args import CommandLine, parse, rewrite
 from safe_llama.model_facts import ModelFacts
 from safe_llama.paths import config_dir, configs_dir
-from safe_llama.planner import Plan, Target, plan, target_from
+from safe_llama.planner import Plan, Target, plan, target_from, with_learned
 from safe_llama.policy import load_policy
 from safe_llama.request import Request, to_request
 
@@ -82,11 +82,17 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
         binary_version=version,
         profile=report.profile,
         kv_split=options.kv_split,
-        learned_max_alloc=options.learned_max_alloc,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
-    if options.kv_cap is not None:
-        target = replace(target, kv_cap=options.kv_cap)
+    return replan(Prepared(cmd, req, path, facts, target, binary, None, None), options, env)
+
+
+def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> Prepared:
+    """The plan again for the same model and device, with what was learned (a device limit, a KV cap):
+    no file or device is read again."""
+    cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
+    target = with_learned(prepared.target, options.learned_max_alloc)
+    target = replace(target, kv_cap=options.kv_cap)
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
@@ -106,7 +112,7 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
         if err.status != ExitStatus.NOTHING_FITS:
             raise
         decided, error = None, err
-    return Prepared(cmd, req, path, facts, target, binary, decided, error)
+    return replace(prepared, target=target, plan=decided, error=error)
 
 
 def final_argv(prepared: Prepared) -> list[str]:

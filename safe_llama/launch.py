@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_llama.binaries import find_binary
-from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare
+from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare, replan
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.llama_args import redact_argv
 from safe_llama.say import Say
@@ -74,11 +74,11 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         known = remember.recall(digest, env)
         if known is not None and known.learned_max_alloc is not None:
             plan_options = replace(plan_options, learned_max_alloc=known.learned_max_alloc)
-            prepared = prepare(tool, args, env, plan_options)
+            prepared = replan(prepared, plan_options, env)
         if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
             # the plan would ask for more than what last started here: start from what worked
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
-            prepared = prepare(tool, args, env, plan_options)
+            prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
     attempt = 0
     last_kv: tuple[int, int] | None = None
@@ -128,9 +128,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         on_ready.stop_watchdog()
         if outcome.ready:
             notifier.stopping()
-        if not outcome.retry:
-            if outcome.failure is not None and not outcome.failure.memory and outcome.failure.line:
-                pass  # the child's own message is already on the terminal
+        if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure
         assert failure is not None
@@ -150,7 +148,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             plan_options = replace(plan_options, kv_cap=cap)
             what = f"KV at most {human(cap)}"
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying with {what}", "warning")
-        prepared = prepare(tool, args, env, plan_options)
+        prepared = replan(prepared, plan_options, env)
 
 
 def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:

@@ -375,7 +375,6 @@ def target_from(
     binary_version: str | None,
     profile: DeviceProfile | None = None,
     kv_split: bool | None = None,
-    learned_max_alloc: int | None = None,
     malloc_arena_max_set: bool = False,
 ) -> Target:
     """The planner's view of a probed (or declared) device.
@@ -391,8 +390,6 @@ def target_from(
         on_gpu = True
         integrated = bool(profile.integrated)
     max_alloc = device.max_alloc_bytes if on_gpu else None
-    if learned_max_alloc is not None and (max_alloc is None or learned_max_alloc < max_alloc.value):
-        max_alloc = Sourced(learned_max_alloc, "learned", "from the device's own error message")
     memory = device.memory_bytes if on_gpu and not integrated else None
     return Target(
         backend=backend if backend != "unknown" else "cpu",
@@ -408,3 +405,10 @@ def target_from(
         binary_version=binary_version,
         neo_filter=dict(device.neo_filter),
     )
+
+
+def with_learned(target: Target, learned_max_alloc: int | None) -> Target:
+    """The target with a max allocation the device itself named in a failed start (when it is lower)."""
+    if learned_max_alloc is None or (target.max_alloc is not None and target.max_alloc.value <= learned_max_alloc):
+        return target
+    return replace(target, max_alloc=Sourced(learned_max_alloc, "learned", "from the device's own error message"))
