@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_app(args: list[str]) -> int:
-    app(args=args, prog_name="safe-llama", standalone_mode=False)
-    return 0
+    # without standalone mode click returns a command's typer.Exit code instead of raising it
+    return int(app(args=args, prog_name="safe-llama", standalone_mode=False) or 0)
 
 
 def _guarded(body: Callable[[], int]) -> int:

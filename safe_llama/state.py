@@ -35,7 +35,7 @@ def read_json(path: Path, *, warn: bool = True) -> Any | None:
 
 def write_json(path: Path, value: Any) -> None:
     """Write to a temp file in the same directory, fsync, then os.replace: readers see old or new."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _mkdirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -48,6 +48,17 @@ def write_json(path: Path, value: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _mkdirs(folder: Path) -> None:
+    """Create folder and its missing parents, each 0700 (mkdir(parents=True) gives parents 0755)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
 
 
 def file_key(path: Path) -> str:

@@ -223,3 +223,15 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     assert 4096 <= chosen < 65536
     assert "host budget 2.00 GiB (probed: cgroup v2 headroom" in p.steps[0].reason
     assert p.allocations[-1].limit == int(2 * GIB * (1 - policy.memory_margin_fraction["default"]))
+
+
+def test_plan_command_exits_67_when_nothing_fits(clean_env: dict[str, str]) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "safe_llama", "plan", "--host-memory", "10M", "server", "-c", "4096"],
+        env=clean_env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 67
+    assert done.stderr.startswith("safe-llama: nothing fits") and done.stderr.count("\n") == 1

@@ -1,0 +1,70 @@
+"""State files: 0700 directories, 0600 files, atomic replace, no symlink following, corrupt files ignored,
+concurrent writers leave a valid file (wrapper-behaviour.md 27)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from safe_llama import state
+from safe_llama.paths import cache_dir
+
+
+def test_modes(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "deeper" / "x.json"
+    state.write_json(target, {"a": 1})
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert ((tmp_path / "new").stat().st_mode & 0o777) == 0o700
+    assert state.read_json(target) == {"a": 1}
+    assert [p.name for p in target.parent.iterdir()] == ["x.json"]  # no temp file left behind
+
+
+def test_symlink_is_not_followed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"secret": true}')
+    link = tmp_path / "link.json"
+    link.symlink_to(secret)
+    assert state.read_json(link) is None
+    assert "ignoring" in capsys.readouterr().err
+    state.write_json(link, {"b": 2})  # replaces the link itself, never writes through it
+    assert json.loads(secret.read_text()) == {"secret": True}
+    assert not link.is_symlink()
+
+
+def test_corrupt_file_is_ignored_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"truncated": ')
+    assert state.read_json(bad) is None
+    err = capsys.readouterr().err
+    assert err.startswith("safe-llama: warning: ignoring corrupt") and err.count("\n") == 1
+
+
+def _writer(path: str, n: int) -> None:
+    for i in range(200):
+        state.write_json(Path(path), {"writer": n, "i": i, "pad": "x" * 4096})
+
+
+def test_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
+    target = tmp_path / "shared.json"
+    procs = [multiprocessing.Process(target=_writer, args=(str(target), n)) for n in range(4)]
+    for p in procs:
+        p.start()
+    seen = 0
+    while any(p.is_alive() for p in procs):
+        value = state.read_json(target, warn=False)
+        if value is not None:
+            assert value["pad"] == "x" * 4096
+            seen += 1
+    for p in procs:
+        p.join()
+    assert state.read_json(target)["i"] == 199  # type: ignore[index]
+
+
+def test_relative_xdg_cache_home_is_ignored(tmp_path: Path) -> None:
+    assert cache_dir({"XDG_CACHE_HOME": "relative/dir", "HOME": str(tmp_path)}) == tmp_path / ".cache" / "safe-llama"
+    assert cache_dir({"XDG_CACHE_HOME": str(tmp_path), "HOME": "/nowhere"}) == tmp_path / "safe-llama"
+    assert os.path.isabs(cache_dir({}))
