@@ -1,0 +1,98 @@
+"""A real memory cgroup (systemd's MemoryMax= is the cgroup's memory.max): the plan stays under it, and an
+OOM kill during start-up (prediction off) is a memory failure that is retried. Needs permission to create
+a cgroup (root here); where the machine refuses, the test says so and is skipped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.llama_run import free_port, healthy
+
+LIMIT = 1536 << 20
+
+
+def _make_cgroup() -> tuple[Path, str]:
+    """(directory, procs file) of a new memory cgroup limited to LIMIT, v2 or v1."""
+    name = f"safe-llama-test-{os.getpid()}"
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    if v2.is_file() and "memory" in v2.read_text():
+        folder = Path("/sys/fs/cgroup") / name
+        folder.mkdir()
+        (folder / "memory.max").write_text(str(LIMIT))
+        return folder, "cgroup.procs"
+    folder = Path("/sys/fs/cgroup/memory") / name
+    folder.mkdir()
+    (folder / "memory.limit_in_bytes").write_text(str(LIMIT))
+    return folder, "cgroup.procs"
+
+
+@pytest.fixture
+def cgroup() -> Iterator[tuple[Path, str]]:
+    try:
+        folder, procs = _make_cgroup()
+    except OSError as err:
+        pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
+    yield folder, procs
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def _serve_in(cgroup: tuple[Path, str], args: list[str], env: dict[str, str]) -> tuple[bool, int, str]:
+    folder, procs = cgroup
+
+    def enter() -> None:
+        (folder / procs).write_text(str(os.getpid()))
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "safe_llama", *args, "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=enter,
+    )
+    ready = False
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if healthy(port):
+            ready = True
+            time.sleep(0.5)
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    return ready, proc.returncode, err.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_plan_stays_under_memory_max(
+    cgroup: tuple[Path, str], tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    ready, code, err = _serve_in(cgroup, ["server", "-c", "2000000"], env)
+    assert ready and code == 0, err[-3000:]
+    assert "cgroup" in err and "the largest that fits" in err
+    assert "attempt 1 failed" not in err
+
+
+@pytest.mark.slow
+def test_oom_kill_during_start_up_is_retried(
+    cgroup: tuple[Path, str], tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    ready, code, err = _serve_in(cgroup, ["--no-predict", "server", "-c", "2000000"], env)
+    assert ready and code == 0, err[-3000:]
+    assert "safe-llama: attempt 1 failed: oom_killed" in err
