@@ -223,3 +223,25 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     done = _run(["forget"], env)
     assert done.returncode == 0 and "forgot 2" in done.stdout
     assert remember.recall("a" * 40, env) is None
+
+
+def test_attempts_are_bounded_and_strictly_smaller(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, log = seed
+    env["FAKE_ALWAYS_FAIL"] = "1"
+    done = _run(["--ladder", "ctx", "completion", "-m", str(model), "-c", "32768", "-p", "x"], env)
+    assert done.returncode == 68, done.stderr[-2000:]
+    contexts = [int(a[a.index("-c") + 1]) for a, _ in (eval(x) for x in log.read_text().splitlines())]  # noqa: S307
+    assert len(contexts) == 4
+    assert all(later < earlier for earlier, later in zip(contexts, contexts[1:], strict=False))
+    assert min(contexts) >= 4096
+    assert len(_attempt_lines(done.stderr)) == 4
+
+
+def test_attempts_stop_at_the_floor(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, log = seed
+    env["FAKE_ALWAYS_FAIL"] = "1"
+    done = _run(["--ladder", "ctx", "--min-ctx", "16384", "completion", "-m", str(model), "-c", "32768"], env)
+    assert done.returncode == 68
+    contexts = [int(a[a.index("-c") + 1]) for a, _ in (eval(x) for x in log.read_text().splitlines())]  # noqa: S307
+    assert contexts[0] == 32768 and all(c >= 16384 for c in contexts) and len(contexts) < 4
+    assert "nothing fits" in done.stderr.splitlines()[-1]

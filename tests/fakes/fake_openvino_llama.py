@@ -3,6 +3,7 @@
 before llama.cpp PR #29124 asks for as ONE device allocation, and prints the seed's exact OpenVINO error
 when that exceeds FAKE_MAX_ALLOC (default 4294959104), unless GGML_OPENVINO_STATEFUL_EXECUTION=1 keeps the
 KV in host memory. FAKE_KEEP_RUNNING=1: print the error and keep running (llama.cpp issue #20661).
+FAKE_ALWAYS_FAIL=1: fail every start with a CPU allocation error that names no limit.
 Installed into a test's bin/ as llama-completion (and llama-server), started through a tiny shell shim.
 """
 
@@ -47,6 +48,9 @@ def main() -> int:
     req = to_request(parse(tool, args, os.environ))
     assert req.model_path is not None
     kv = plan_kv(load_model_facts(req.model_path), req.kv).total_bytes
+    if os.environ.get("FAKE_ALWAYS_FAIL") == "1":  # a failure that names no limit, whatever the plan
+        sys.stderr.write(f"E ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size {kv}\n")
+        return 1
     limit = int(os.environ.get("FAKE_MAX_ALLOC", "4294959104"))
     if os.environ.get("GGML_OPENVINO_STATEFUL_EXECUTION") != "1" and kv > limit:
         sys.stderr.write(SEED_ERROR.format(n=kv, m=limit, model=req.model_path))
