@@ -3,6 +3,7 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 
 from __future__ import annotations
 
+import itertools
 import resource
 import subprocess
 import sys
@@ -232,7 +233,7 @@ def test_attempts_are_bounded_and_strictly_smaller(seed: tuple[dict[str, str], P
     assert done.returncode == 68, done.stderr[-2000:]
     contexts = [int(a[a.index("-c") + 1]) for a, _ in (eval(x) for x in log.read_text().splitlines())]  # noqa: S307
     assert len(contexts) == 4
-    assert all(later < earlier for earlier, later in zip(contexts, contexts[1:], strict=False))
+    assert all(later < earlier for earlier, later in itertools.pairwise(contexts))
     assert min(contexts) >= 4096
     assert len(_attempt_lines(done.stderr)) == 4
 
