@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
+# Set in every child safe-llama starts: a "llama.cpp binary" that is really safe-llama (a PATH shim)
+# sees it and refuses at once instead of probing and launching itself again.
+GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
+
 
 @dataclass(frozen=True)
 class Captured:
@@ -45,7 +49,7 @@ def run_capture(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=None if env is None else dict(env),
+            env={**(os.environ if env is None else env), GUARD_ENV: str(os.getpid())},
             start_new_session=True,
         )
     except FileNotFoundError:

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.proc import GUARD_ENV
 from safe_llama.signatures import ESCAPES, Failure, Match, Scanner, SignatureTable, classify
 
 # Set in the child's environment; a safe-llama that finds it was started by safe-llama as "llama.cpp".
-GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})

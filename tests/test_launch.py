@@ -139,9 +139,14 @@ def seed(tmp_path: Path, clean_env: dict[str, str]) -> tuple[dict[str, str], Pat
     return env, model, log
 
 
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "safe_llama", *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "safe_llama", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -246,3 +251,39 @@ def test_attempts_stop_at_the_floor(seed: tuple[dict[str, str], Path, Path]) -> 
     contexts = [int(a[a.index("-c") + 1]) for a, _ in (eval(x) for x in log.read_text().splitlines())]  # noqa: S307
     assert contexts[0] == 32768 and all(c >= 16384 for c in contexts) and len(contexts) < 4
     assert "nothing fits" in done.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_symlink_named_llama_server_is_the_drop_in(tmp_path: Path, clean_env: dict[str, str], llama_bin: Path) -> None:
+    """A symlink named llama-server to safe-llama, first on PATH: it behaves as llama-server and finds the
+    real binary, never itself."""
+    from tests.conftest import console_script
+
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir()
+    (shim_dir / "llama-server").symlink_to(console_script("safe-llama"))
+    (shim_dir / "llama-cli").symlink_to(console_script("safe-llama"))
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    (real_dir / "llama-server").symlink_to(llama_bin / "llama-server")
+    env = {**clean_env, "PATH": f"{shim_dir}:{real_dir}:{clean_env['PATH']}", "XDG_CACHE_HOME": str(tmp_path / "c")}
+    done = subprocess.run([str(shim_dir / "llama-server"), "--version"], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "version: 0.6.0-dev" in done.stdout + done.stderr
+
+
+def test_path_shim_loop_is_refused(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """A PATH shim script (not a symlink) that runs safe-llama again is caught by the guard variable."""
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir()
+    shim = shim_dir / "llama-server"
+    from tests.conftest import console_script
+
+    shim.write_text(f'#!/bin/sh\nexec {console_script("safe-llama-server")} "$@"\n')  # names no module
+    shim.chmod(0o755)
+    env = {**clean_env, "PATH": f"{shim_dir}:{clean_env['PATH']}", "SAFE_LLAMA_BIN_DIR": str(shim_dir),
+           "XDG_CACHE_HOME": str(tmp_path / "c")}  # fmt: skip
+    done = _run(["server", "-c", "256"], env, timeout=30)
+    assert done.returncode == 127, done.stderr
+    assert "started by safe-llama" in done.stderr and "leads back to safe-llama" in done.stderr
