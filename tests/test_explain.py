@@ -32,6 +32,7 @@ from safe_llama.explain import (
 from safe_llama.paths import configs_dir
 from safe_llama.policy import load_policy
 from safe_llama.signatures import load_table
+from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 TABLE = load_table()
@@ -43,26 +44,6 @@ SEED_MODEL = "/home/lucasso/models/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
 # The error text of the seed report (seed/000_af8630c3d7ac02a3.txt, "报错原文"), as a user would paste it:
 # no header comment, no context size anywhere.
 SEED_TEXT = (LOGS / "openvino-seed.log").read_text().split("\n", 1)[1]
-
-# Llama-3.2-3B's hyperparameters, metadata only: the seed's model, 7,516,192,768 bytes of KV at -c 65536.
-LLAMA_3B = {
-    "block_count": 28, "embedding_length": 3072, "context_length": 131072, "feed_forward_length": 8192,
-    "attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
-    "attention.value_length": 128,
-}  # fmt: skip
-
-
-def write_metadata_gguf(path: Path, arch: str, meta: Mapping[str, int]) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in meta.items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def explained(text: str, *, args: tuple[str, ...] = (), model: str | None = None) -> Explanation:

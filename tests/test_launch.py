@@ -14,29 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.llama_run import free_port, healthy
+from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
-
-# Llama-3.2-3B's hyperparameters, metadata only: the seed's model, 7,516,192,768 bytes of KV at -c 65536.
-LLAMA_3B = {
-    "block_count": 28, "embedding_length": 3072, "context_length": 131072, "feed_forward_length": 8192,
-    "attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
-    "attention.value_length": 128,
-}  # fmt: skip
-
-
-def write_metadata_gguf(path: Path, arch: str, meta: dict[str, int]) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in meta.items():
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def _limit(kib: int | None) -> Callable[[], None] | None:

@@ -15,6 +15,7 @@ from safe_llama.model_facts import ModelFacts, model_facts
 from safe_llama.paths import configs_dir
 from safe_llama.planner import Target, kv_splits, plan
 from safe_llama.policy import Policy, load_policy
+from tests.tiny_gguf import LLAMA_3B
 
 GIB = 1 << 30
 UHD770_MAX_ALLOC = 4_294_959_104
@@ -29,14 +30,6 @@ def _facts(arch: str, **meta: object) -> ModelFacts:
     md: dict[str, object] = {"general.architecture": arch}
     md.update({k if k.startswith(("general.", "tokenizer.")) else f"{arch}.{k}": v for k, v in meta.items()})
     return model_facts(GGUFHeader(path="/models/x.gguf", metadata=md))  # type: ignore[arg-type]
-
-
-# Llama-3.2-3B's hyperparameters, metadata only (the seed's model).
-LLAMA_3B = dict(
-    block_count=28, embedding_length=3072, context_length=131072, feed_forward_length=8192,
-    **{"attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
-       "attention.value_length": 128},
-)  # fmt: skip
 
 
 def uhd770(version: str) -> Target:

@@ -8,7 +8,7 @@ and numpy, which safe_llama itself must not.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import gguf
@@ -140,3 +140,27 @@ def _add_vocab(writer: gguf.GGUFWriter, words: Sequence[str]) -> int:
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     return len(tokens)
+
+
+# Llama-3.2-3B's hyperparameters (the seed's model): 28 layers, 8 KV heads of 128, so 114,688 bytes of
+# f16 KV per token and 7,516,192,768 bytes at -c 65536. Keys without the architecture prefix.
+LLAMA_3B: dict[str, int] = {
+    "block_count": 28, "embedding_length": 3072, "context_length": 131072, "feed_forward_length": 8192,
+    "attention.head_count": 24, "attention.head_count_kv": 8, "attention.key_length": 128,
+    "attention.value_length": 128,
+}  # fmt: skip
+
+
+def write_metadata_gguf(path: str | os.PathLike[str], arch: str, meta: Mapping[str, int]) -> Path:
+    """A GGUF with metadata only (no tensors, no tokenizer): enough for safe-llama to plan, not for
+    llama.cpp to load."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
