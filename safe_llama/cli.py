@@ -6,6 +6,7 @@ configs/). Heavy modules are imported inside the commands so `--help` and the la
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
@@ -311,19 +312,19 @@ def _guarded(body: Callable[[], int]) -> int:
         return int(done.exit_code)
     except KeyboardInterrupt:
         return int(ExitStatus.INTERRUPTED)
-    except Exception as err:  # click's usage errors and the unexpected
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
+    except typer.Abort:
+        return int(ExitStatus.INTERRUPTED)
+    except Exception as err:  # the command line's usage errors, and the unexpected
+        show = getattr(err, "show", None)
+        if callable(show) and isinstance(getattr(err, "exit_code", None), int):  # typer's (vendored click) usage
+            show()
             return int(ExitStatus.USAGE)
-        if isinstance(err, click.exceptions.Abort):
-            return int(ExitStatus.INTERRUPTED)
-        import traceback
+        if os.environ.get("SAFE_LLAMA_DEBUG"):
+            import traceback
 
-        traceback.print_exc()
-        sys.stderr.write(f"safe-llama: internal error: {type(err).__name__}: {err}\n")
-        return int(ExitStatus.INTERRUPTED if isinstance(err, KeyboardInterrupt) else ExitStatus.INTERNAL)
+            traceback.print_exc()
+        sys.stderr.write(f"safe-llama: internal error: {type(err).__name__}: {err} (SAFE_LLAMA_DEBUG=1 for details)\n")
+        return int(ExitStatus.INTERNAL)
 
 
 if __name__ == "__main__":
