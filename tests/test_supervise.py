@@ -27,9 +27,9 @@ import pexpect
 import pytest
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.proc import GUARD_ENV
 from safe_llama.signatures import load_table
 from safe_llama.supervise import (
-    GUARD_ENV,
     GenerationProbe,
     HealthProbe,
     PromptProbe,
