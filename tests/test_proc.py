@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.proc import run_capture
+from safe_llama.proc import GUARD_ENV, run_capture
 
 
 def test_captures_both_streams_and_the_exit_status() -> None:
@@ -24,9 +24,10 @@ def test_arguments_reach_the_program_unchanged() -> None:
     assert done.stdout == nasty
 
 
-def test_environment_is_exactly_the_one_given() -> None:
+def test_environment_is_exactly_the_one_given_plus_the_guard() -> None:
+    """Nothing leaks from safe-llama's own environment; the guard marks the child as safe-llama's."""
     done = run_capture(["/usr/bin/env"], env={"ONLY": "this"})
-    assert done.stdout == "ONLY=this\n"
+    assert sorted(done.stdout.splitlines()) == ["ONLY=this", f"{GUARD_ENV}={os.getpid()}"]
 
 
 def test_invalid_utf8_is_replaced_not_fatal() -> None:
