@@ -278,11 +278,13 @@ def probe_devices(
             llama_note = llama.listed.problem or ""
         except (OSError, SafeLlamaError) as err:
             llama_note = f"could not run {binary} --list-devices: {err}"
-    cpu_only = llama is not None and not llama.listed.devices and not llama.listed.problem and not sysfs.gpus
+    # a CPU-only build (or none found) on a machine without GPUs: no OpenCL limit could apply
+    no_listed_gpu = llama is None or (not llama.listed.devices and not llama.listed.problem)
+    cpu_only = no_listed_gpu and not sysfs.gpus
     if opencl_always or not cpu_only or request.devices not in (None, ("none",)):
         opencl, opencl_cached = probe_opencl_cached(env=env, cache=cache, sysfs=sysfs, refresh=refresh)
     else:
-        opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU device and sysfs shows no GPU")
+        opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
     target = resolve_target(
         request=request,
