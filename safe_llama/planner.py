@@ -262,6 +262,7 @@ def plan(
             )
         )
     ctx_applied = False
+    ctx_reason = ""
     for step in steps:
         allocs = allocations(facts, settings, target, policy)
         if all(a.fits for a in allocs):
@@ -304,7 +305,8 @@ def plan(
             settings = replace(settings, kv=replace(settings.kv, n_ctx=chosen))
             changes["--ctx-size"] = str(chosen)
             ctx_applied = True
-            taken.append(Step("ctx", f"{_describe(worst)}: context {asked_ctx} -> {chosen}, the largest that fits"))
+            ctx_reason = f"{_describe(worst)}: context {asked_ctx} -> "
+            taken.append(Step("ctx", f"{ctx_reason}{chosen}, the largest that fits"))
         elif step == "ngl":
             if not target.on_gpu or target.integrated:
                 continue
@@ -325,7 +327,8 @@ def plan(
         if best is not None and best != settings.kv.n_ctx:
             settings = replace(settings, kv=replace(settings.kv, n_ctx=best))
             changes["--ctx-size"] = str(best)
-            notes.append(f"context raised back to {best} after the later steps")
+            at = next(i for i, step in enumerate(taken) if step.name == "ctx")
+            taken[at] = Step("ctx", f"{ctx_reason}{best}, the largest that fits with the steps after it")
     allocs = allocations(facts, settings, target, policy)
     if not all(a.fits for a in allocs):
         worst = _worst(allocs)

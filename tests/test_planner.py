@@ -228,3 +228,17 @@ def test_plan_command_exits_67_when_nothing_fits(clean_env: dict[str, str]) -> N
     )  # fmt: skip
     assert done.returncode == 67
     assert done.stderr.startswith("safe-llama: nothing fits") and done.stderr.count("\n") == 1
+
+
+def test_context_given_back_after_a_later_step(policy: Policy) -> None:
+    """ctx first, then q8_0: the floor alone does not fit in f16, so q8_0 is taken and the context is
+    raised again to the largest that fits with it; the reason says the final number."""
+    facts = _facts("llama", **LLAMA_3B)
+    kv_f16_at_floor = 4096 * 114688
+    budget = policy.process_overhead["default"] + kv_f16_at_floor  # f16 at the floor is just over the budget
+    target = Target(backend="cpu", host_budget=Sourced(budget, "declared", "test"))
+    p = plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy, ladder=["ctx", "kv-q8"])
+    assert [s.name for s in p.steps][:2] == ["ctx", "kv-q8"]
+    chosen = int(p.argv_changes["--ctx-size"])
+    assert chosen > 4096 and p.kv.caches[0].type_k == "q8_0"
+    assert p.steps[0].reason.endswith(f"-> {chosen}, the largest that fits with the steps after it")
