@@ -46,14 +46,17 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_policy(path: Path, user_config: Path | None = None) -> Policy:
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        raw: dict[str, Any] = tomllib.loads(path.read_text())
-        if user_config is not None and user_config.is_file():
-            user = tomllib.loads(user_config.read_text())
-            raw = _merge(raw, user.get("planner", {}))
+        return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+
+
+def load_policy(path: Path, user_config: Path | None = None) -> Policy:
+    raw: dict[str, Any] = _read_toml(path)
+    if user_config is not None and user_config.is_file():
+        raw = _merge(raw, _read_toml(user_config).get("planner", {}))
     try:
         ladder = {}
         for key, value in raw["ladder"].items():

@@ -242,3 +242,13 @@ def test_context_given_back_after_a_later_step(policy: Policy) -> None:
     chosen = int(p.argv_changes["--ctx-size"])
     assert chosen > 4096 and p.kv.caches[0].type_k == "q8_0"
     assert p.steps[0].reason.endswith(f"-> {chosen}, the largest that fits with the steps after it")
+
+
+def test_a_broken_user_config_is_named(tmp_path: Path) -> None:
+    user = tmp_path / "config.toml"
+    user.write_text("[planner\nctx_floor = 1\n")
+    with pytest.raises(SafeLlamaError) as err:
+        load_policy(configs_dir() / "planner.toml", user)
+    assert err.value.status == ExitStatus.BAD_CONFIG and str(user) in str(err.value)
+    user.write_text("[planner]\nctx_floor = 8192\n")
+    assert load_policy(configs_dir() / "planner.toml", user).ctx_floor == 8192
