@@ -40,6 +40,15 @@ def cgroup() -> Iterator[tuple[Path, str]]:
         folder, procs = _make_cgroup()
     except OSError as err:
         pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
+
+    def enter() -> None:
+        (folder / procs).write_text(str(os.getpid()))
+
+    try:  # a process must be able to join it (cgroup v2's no-internal-process rule, delegation)
+        subprocess.run(["true"], preexec_fn=enter, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        folder.rmdir()
+        pytest.skip(f"this machine does not let a process join a new memory cgroup: {err}")
     yield folder, procs
     for _ in range(50):
         try:
