@@ -268,3 +268,17 @@ def test_path_shim_loop_is_refused(tmp_path: Path, clean_env: dict[str, str]) ->
     done = _run(["server", "-c", "256"], env, timeout=30)
     assert done.returncode == 127, done.stderr
     assert "started by safe-llama" in done.stderr and "leads back to safe-llama" in done.stderr
+
+
+def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, _ = seed
+    env = {**env, "LLAMA_API_KEY": "env-secret-1", "HF_TOKEN": "env-secret-2", "FAKE_TOOL": "server"}
+    args = ["-m", str(model), "-c", "65536", "--api-key", "argv-secret-3", "--port", "1"]
+    shown = _run(["plan", "--json", "server", *args], env)
+    launched = _run(["server", *args], env)
+    stored = "".join(p.read_text(errors="replace") for p in Path(env["XDG_CACHE_HOME"]).rglob("*") if p.is_file())
+    for secret in ("env-secret-1", "env-secret-2", "argv-secret-3"):
+        assert secret not in shown.stdout + shown.stderr
+        assert secret not in launched.stderr
+        assert secret not in stored
+    assert "<redacted>" in shown.stdout
