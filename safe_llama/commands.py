@@ -59,8 +59,11 @@ def model_path_for(model: str | None, env: Mapping[str, str]) -> str:
     return str(bundled_model_path(env))
 
 
-def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions) -> Prepared:
-    """Facts about the model and the device, and the plan (or why nothing fits)."""
+def prepare(
+    tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, *, binary: Path | None = None
+) -> Prepared:
+    """Facts about the model and the device, and the plan (or why nothing fits). `binary`: the llama.cpp
+    tool already found by the caller (the launcher), so it is not looked up twice."""
     from safe_llama.binaries import find_binary
     from safe_llama.devices import probe_devices
 
@@ -69,7 +72,7 @@ def prepare(tool: str, args: Sequence[str], env: Mapping[str, str], options: Pla
     path = model_path_for(req.model_path, env)
     facts = facts_for(path, env)
     try:
-        binary: Path | None = find_binary(tool, env=env, explicit=options.llama_bin)
+        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
     except SafeLlamaError:
         if options.llama_bin:
             raise

@@ -62,7 +62,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
     base_env = child_env(env)
     plan_options = options.plan
     try:
-        prepared: Prepared | None = prepare(tool, args, env, plan_options)
+        prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
     except SafeLlamaError as err:
         if err.status not in (ExitStatus.USAGE,):
             raise
