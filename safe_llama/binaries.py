@@ -1,7 +1,8 @@
 """Finding the real llama.cpp binary for a tool, never safe-llama itself.
 
 Owns the search order: an explicit path or directory, SAFE_LLAMA_BIN_DIR, the config's bin_dir, PATH,
-then the pinned build in the cache. Takes PATH and env as values; only stats files.
+then the pinned build (the user's cache, then the system-wide install). Takes PATH and env as values;
+only stats files.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import pinned_bin_dir
+from safe_llama.paths import pinned_bin_dirs
 
 TOOL_BINARY = {"cli": "llama-cli", "server": "llama-server", "completion": "llama-completion"}
 
@@ -51,6 +52,18 @@ def find_binary(
     own: Sequence[str] | None = None,
 ) -> Path:
     """The real binary for `tool`; 127 when there is none, 126 when it is not executable."""
+    return locate_binary(tool, env=env, explicit=explicit, config_bin_dir=config_bin_dir, own=own)[0]
+
+
+def locate_binary(
+    tool: str,
+    *,
+    env: Mapping[str, str],
+    explicit: str | None = None,
+    config_bin_dir: str | None = None,
+    own: Sequence[str] | None = None,
+) -> tuple[Path, str]:
+    """The real binary for `tool` and where it was found (the reason it was chosen)."""
     name = TOOL_BINARY[tool]
     own = own_paths() if own is None else own
     candidates: list[tuple[str, Path]] = []
@@ -70,18 +83,20 @@ def find_binary(
             )
         if not os.access(path, os.X_OK) or path.is_dir():
             raise SafeLlamaError(f"safe-llama: {path} ({source}): not executable", ExitStatus.NOT_EXECUTABLE)
-        return path
+        return path, source
     for directory in env.get("PATH", "").split(os.pathsep):
         if not directory:
             continue
         found = shutil.which(name, path=directory)
         if found and not _is_self(found, own):
-            return Path(found)
-    pinned = pinned_bin_dir("cpu", env) / name
-    if pinned.is_file() and os.access(pinned, os.X_OK):
-        return pinned
+            return Path(found), "PATH"
+    places = pinned_bin_dirs("cpu", env)
+    for where, folder in places:
+        pinned = folder / name
+        if pinned.is_file() and os.access(pinned, os.X_OK):
+            return pinned, f"the pinned build in {where}"
     raise SafeLlamaError(
-        f"safe-llama: {name} not found (SAFE_LLAMA_BIN_DIR, PATH, {pinned.parent}); "
+        f"safe-llama: {name} not found (SAFE_LLAMA_BIN_DIR, PATH, {', '.join(str(p) for _, p in places)}); "
         "build it with scripts/build-llama.sh or set SAFE_LLAMA_BIN_DIR",
         ExitStatus.NOT_FOUND,
     )
