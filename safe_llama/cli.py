@@ -19,9 +19,28 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 if TYPE_CHECKING:
     from safe_llama.commands import PlanOptions
 
+
+def _epilog() -> str:
+    from safe_llama.launch_args import ENV, HELP, OPTIONS
+
+    lines = [
+        "\b",
+        "Launch: safe-llama [launcher options] cli|server|completion [llama.cpp arguments]",
+        "(or the drop-ins safe-llama-cli, safe-llama-server, safe-llama-completion with llama.cpp's arguments).",
+        "Launcher options, each also a SAFE_LLAMA_* variable or a key of [launcher] in config.toml:",
+    ]
+    for option, (key, takes_value) in OPTIONS.items():
+        metavar, text = HELP[option]
+        variable = ENV[key] + ("=1" if not takes_value and key in ("integrated", "discrete") else "")
+        variable += "=0" if not takes_value and key in ("predict", "remember") else ""
+        lines.append(f"  {option + ' ' + metavar:<20} {text} ({variable})")
+    return "\n".join(lines)
+
+
 app = typer.Typer(
     name="safe-llama",
     help="Start llama.cpp the first time: predict its memory, pick settings that fit, launch it.",
+    epilog=_epilog(),
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_show_locals=False,  # locals may hold secrets (--api-key)
@@ -176,6 +195,27 @@ def devices(
         refresh=refresh,
         json_out=json_out,
     )
+
+
+@app.command(name="install-shims")
+def install_shims(
+    directory: Annotated[
+        str | None, typer.Option("--dir", help="Where to put the links (root: /usr/local/bin, else ~/.local/bin).")
+    ] = None,
+    remove: Annotated[bool, typer.Option("--remove", help="Remove the links this command made.")] = False,
+) -> None:
+    """Put llama-cli, llama-server, llama-completion links to safe-llama's drop-ins on PATH (exit 1: one was
+    left alone because a file safe-llama did not make is there)."""
+    from pathlib import Path
+
+    from safe_llama import shims
+
+    folder = Path(directory) if directory else shims.default_dir()
+    lines, ok = shims.install_shims(folder, scripts=shims.scripts_dir(), remove=remove, path=os.environ.get("PATH", ""))
+    for line in lines:
+        typer.echo(f"safe-llama: {line}")
+    if not ok:
+        raise typer.Exit(1)
 
 
 @app.command()

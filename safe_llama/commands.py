@@ -129,6 +129,12 @@ def final_argv(prepared: Prepared) -> list[str]:
 def plan_command(
     *, tool: str, args: list[str], json_out: bool, options: PlanOptions, env: Mapping[str, str] = os.environ
 ) -> int:
+    from safe_llama.paths import cache_dir
+    from safe_llama.state import check_cache
+
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
     prepared = prepare(tool, args, env, options)
     kv = prepared.plan.kv if prepared.plan else plan_kv(prepared.facts, prepared.request.kv)
     result = render.plan_result(

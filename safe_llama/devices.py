@@ -479,6 +479,11 @@ def run_devices_command(
     env: Mapping[str, str] = os.environ,
 ) -> None:
     """`safe-llama devices`: probe as a launch would (the same llama-server binary, the same target)."""
+    from safe_llama.state import check_cache
+
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
     declared = declared_limits(
         profile=profile,
         max_alloc=max_alloc,

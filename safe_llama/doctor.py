@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
-from safe_llama.binaries import TOOL_BINARY, find_binary
+from safe_llama.binaries import TOOL_BINARY, locate_binary
 from safe_llama.device_map import HostBudget, TargetDevice
 from safe_llama.devices import ProbeRoots, load_profiles, probe_devices, probe_llama
 from safe_llama.errors import SafeLlamaError
@@ -50,6 +50,7 @@ class Binary:
     tool: str
     path: str | None
     problem: str | None  # why there is none (not found, not executable)
+    source: str | None = None  # why this one: --llama-bin, SAFE_LLAMA_BIN_DIR, PATH, the pinned build in ...
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def check_binaries(m: Machine) -> Check:
         return Check(
             "binaries", title, "fail", "no llama.cpp binary found", tuple(b.problem or "" for b in m.binaries), fix
         )
-    details = [f"{TOOL_BINARY[b.tool]}: {b.path}" for b in found]
+    details = [f"{TOOL_BINARY[b.tool]}: {b.path}" + (f" (from {b.source})" if b.source else "") for b in found]
     details += [f"{TOOL_BINARY[b.tool]}: {b.problem}" for b in missing]
     default = next((b for b in m.builds if b.origin == SEARCH_PATH), None)
     version = _version_text(default.version if default else None)
@@ -551,7 +552,8 @@ def probe_machine(
     binaries: list[Binary] = []
     for tool in TOOL_BINARY:
         try:
-            binaries.append(Binary(tool, str(find_binary(tool, env=env)), None))
+            path, source = locate_binary(tool, env=env)
+            binaries.append(Binary(tool, str(path), None, source))
         except SafeLlamaError as err:
             binaries.append(Binary(tool, None, err.message.removeprefix("safe-llama: ")))
     cache = cache_dir(env) / "probe"

@@ -1081,7 +1081,8 @@ def _read_input(file: str, stdin: Any) -> str:
         else:
             data = Path(file).read_bytes()
     except OSError as err:
-        raise SafeLlamaError(f"safe-llama: {file}: {err.strerror or err}", ExitStatus.BAD_MODEL) from None
+        # a log that cannot be read is a bad argument (2), not a bad model (65)
+        raise SafeLlamaError(f"safe-llama: explain: {file}: {err.strerror or err}", ExitStatus.USAGE) from None
     return data.decode("utf-8", errors="replace")
 
 

@@ -19,8 +19,10 @@ from safe_llama.binaries import find_binary
 from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare, replan
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.llama_args import redact_argv
+from safe_llama.paths import cache_dir
 from safe_llama.say import Say
 from safe_llama.sdnotify import Notifier, child_env
+from safe_llama.state import check_cache
 from safe_llama.units import human
 
 if TYPE_CHECKING:
@@ -56,6 +58,10 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
 
     say = Say(env)
     supervise.check_not_nested(env)
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        options = replace(options, remember=False)
+        say(f"{unusable}: running without caching or remembering plans", "warning")
     binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
     notifier = Notifier(env)

@@ -34,6 +34,22 @@ OPTIONS: dict[str, tuple[str, bool]] = {
     "--integrated": ("integrated", False),
     "--discrete": ("discrete", False),
 }
+# option -> (its value's name in help, what it does)
+HELP: dict[str, tuple[str, str]] = {
+    "--llama-bin": ("PATH", "the llama.cpp binary to run, or its bin/ directory"),
+    "--ladder": ("STEPS", "degrade steps to try, in order (e.g. stateful,kv-q8,kv-q4,ctx)"),
+    "--min-ctx": ("N", "never plan a context below N tokens"),
+    "--attempts": ("N", "starts to try when one fails for memory (default 4)"),
+    "--profile": ("NAME", "a device profile (configs/devices/NAME.toml or your own)"),
+    "--max-alloc": ("SIZE", "declare the device's largest single allocation (e.g. 4G)"),
+    "--device-memory": ("SIZE", "declare the device's memory (e.g. 16G)"),
+    "--host-memory": ("SIZE", "declare the host memory budget (e.g. 8G)"),
+    "--llama-version": ("VER", "plan for this llama.cpp version (e.g. 0.4.1-dev)"),
+    "--no-predict": ("", "launch as asked; plan only after a start fails"),
+    "--no-remember": ("", "neither use nor store remembered plans"),
+    "--integrated": ("", "declare the GPU integrated (shares host memory)"),
+    "--discrete": ("", "declare the GPU discrete (its own memory)"),
+}
 ENV = {name: f"SAFE_LLAMA_{name.upper()}" for name, _ in OPTIONS.values()}
 ENV["bin_dir"] = "SAFE_LLAMA_BIN_DIR"
 
@@ -73,17 +89,51 @@ def split(argv: Sequence[str]) -> LaunchRequest | None:
     return None
 
 
+# The config file's tables and the [launcher] keys' TOML types (a size may be a number of bytes or "4G").
+TABLES = ("launcher", "planner")
+NUMBERS = ("min_ctx", "attempts")
+FLAGS = ("predict", "remember", "integrated", "discrete")
+SIZES = ("max_alloc", "device_memory", "host_memory")
+
+
+def _check_launcher(path: object, launcher: Mapping[str, Any]) -> None:
+    known = {key for key, _ in OPTIONS.values()}
+    for key, value in launcher.items():
+        where = f"safe-llama: {path}: [launcher] {key}"
+        if key not in known:
+            raise SafeLlamaError(f"{where}: unknown key (known: {', '.join(sorted(known))})", ExitStatus.BAD_CONFIG)
+        if key in NUMBERS:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            want = "a whole number of at least 1"
+        elif key in FLAGS:
+            ok, want = isinstance(value, bool), "true or false"
+        elif key in SIZES:
+            ok = (isinstance(value, int) and not isinstance(value, bool) and value > 0) or isinstance(value, str)
+            want = 'a size in bytes or a string such as "4G"'
+        else:
+            ok, want = isinstance(value, str), "a string"
+        if not ok:
+            raise SafeLlamaError(f"{where}: {value!r} is not {want}", ExitStatus.BAD_CONFIG)
+
+
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as err:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
-    launcher = raw.get("launcher", {})
-    if not isinstance(launcher, dict):
-        raise SafeLlamaError(f"safe-llama: {path}: [launcher] must be a table", ExitStatus.BAD_CONFIG)
+    for table, value in raw.items():
+        if table not in TABLES:
+            raise SafeLlamaError(
+                f"safe-llama: {path}: unknown table or key '{table}' (known: [{'], ['.join(TABLES)}])",
+                ExitStatus.BAD_CONFIG,
+            )
+        if not isinstance(value, dict):
+            raise SafeLlamaError(f"safe-llama: {path}: [{table}] must be a table", ExitStatus.BAD_CONFIG)
+    launcher: dict[str, Any] = raw.get("launcher", {})
+    _check_launcher(path, launcher)
     return launcher
 
 

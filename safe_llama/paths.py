@@ -48,9 +48,11 @@ def configs_dir(env: Mapping[str, str] = os.environ) -> Path:
     override = env.get("SAFE_LLAMA_CONFIGS")
     if override:
         return Path(override)
-    here = Path(__file__).resolve().parent
-    packaged = here / "configs"
-    return packaged if packaged.is_dir() else here.parent / "configs"
+    from importlib.resources import files
+
+    package = Path(str(files("safe_llama")))
+    packaged = package / "configs"
+    return packaged if packaged.is_dir() else package.parent / "configs"
 
 
 def _pinned(root: Path, flavour: str) -> Path:

@@ -56,7 +56,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def load_policy(path: Path, user_config: Path | None = None) -> Policy:
     raw: dict[str, Any] = _read_toml(path)
     if user_config is not None and user_config.is_file():
-        raw = _merge(raw, _read_toml(user_config).get("planner", {}))
+        mine = _read_toml(user_config).get("planner", {})
+        unknown = sorted(set(mine) - set(raw)) if isinstance(mine, dict) else []
+        if unknown:
+            raise SafeLlamaError(
+                f"safe-llama: {user_config}: [planner] {unknown[0]}: unknown key (known: {', '.join(sorted(raw))})",
+                ExitStatus.BAD_CONFIG,
+            )
+        raw = _merge(raw, mine)
     try:
         ladder = {}
         for key, value in raw["ladder"].items():

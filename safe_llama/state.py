@@ -33,8 +33,33 @@ def read_json(path: Path, *, warn: bool = True) -> Any | None:
         return None
 
 
+# Set by check_cache when the cache directory cannot be used: writes are skipped (the caller said so once).
+_writes_off: list[str] = []
+
+
+def check_cache(root: Path) -> str | None:
+    """Make sure the cache root is a private (0700) directory this user can write; otherwise turn every
+    later write off and return one line saying why (a launch then runs without caching or remembering)."""
+    try:
+        _mkdirs(root)
+        st = os.stat(root, follow_symlinks=False)
+        if not os.path.isdir(root) or os.path.islink(root):
+            raise NotADirectoryError(20, "not a directory")
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(root, 0o700)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as err:
+        reason = f"cache directory {root} is not usable ({err.strerror or err})"
+        _writes_off.append(reason)
+        return reason
+    return None
+
+
 def write_json(path: Path, value: Any) -> None:
     """Write to a temp file in the same directory, fsync, then os.replace: readers see old or new."""
+    if _writes_off:
+        return
     _mkdirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

