@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.probe_host import oom_counters, oom_evidence
 from safe_llama.proc import GUARD_ENV
 from safe_llama.signatures import ESCAPES, Failure, Match, Scanner, SignatureTable, classify
 
@@ -60,6 +61,9 @@ HIGH_WATER = 1 << 20  # stop reading a source while this much of its output wait
 COALESCE = 0.1
 DRAIN_IDLE = 0.25  # after the child exits: give up on pipes a grandchild keeps open after this quiet time
 _LISTENING = re.compile(r"listening on https?://\S+:(\d+)")
+# llama-server's own word that /health now answers 200 (tools/server/server.cpp, right after is_ready):
+# `srv  llama_server: model loaded`. A server stopped a moment later was still ready.
+_MODEL_LOADED = re.compile(r"srv +\w+: model loaded$", re.MULTILINE)
 
 
 class Stream(enum.Enum):
@@ -81,8 +85,9 @@ class Watcher(Protocol):
     def ready(self) -> None:
         """Start-up is over: output() will not be called again."""
 
-    def conclude(self, returncode: int | None) -> Failure | None:
-        """The child ended before readiness (returncode None: we stopped it): what failed, if anything."""
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
+        """The child ended before readiness (returncode None: we stopped it): what failed, if anything.
+        oom_evidence: the memory counter that rose while it ran, if one did."""
 
 
 class ReadinessProbe(Protocol):
@@ -151,11 +156,11 @@ class SignatureWatcher:
     def ready(self) -> None:
         self._scanners.clear()
 
-    def conclude(self, returncode: int | None) -> Failure | None:
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
         for scanner in self._scanners.values():
             self.matches.extend(scanner.close())
         self._scanners.clear()
-        return classify(self.matches, returncode)
+        return classify(self.matches, returncode, oom_evidence=oom_evidence)
 
 
 class _CleanText:
@@ -269,7 +274,8 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 @dataclass
 class HealthProbe:
-    """llama-server: ready when GET {prefix}/health answers 200 (503 while the model loads).
+    """llama-server: ready when it logs `model loaded`, or when GET {prefix}/health answers 200 (503 while
+    the model loads), whichever comes first.
 
     With --port 0 the port is learnt from the `listening on http://HOST:PORT` line.
     """
@@ -284,11 +290,12 @@ class HealthProbe:
     _tail: _Tail = field(default_factory=lambda: _Tail(keep=128), init=False, repr=False, compare=False)
 
     def output(self, stream: Stream, data: bytes) -> bool:
+        seen = self._tail.push(data)
         if self.port == 0 and self.unix_socket is None:
-            found = _LISTENING.search(self._tail.push(data))
+            found = _LISTENING.search(seen)
             if found is not None:
                 self.port = int(found.group(1))
-        return False
+        return _MODEL_LOADED.search(seen) is not None
 
     def poll_interval(self) -> float | None:
         return self.interval
@@ -693,6 +700,8 @@ class _Supervisor:
         self.foreground_fd: int | None = None  # pipe mode: the terminal whose foreground the child holds
         self.child_stopped_by_us = False
         self.last_forward: tuple[int, float] = (0, 0.0)
+        self.memory_counters: Callable[[], Mapping[str, int]] = oom_counters
+        self.counters_before: Mapping[str, int] = {}
 
     def _terminal_foreground(self) -> int | None:
         """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
@@ -719,6 +728,7 @@ class _Supervisor:
     # -- spawning ------------------------------------------------------------------------------------
 
     def spawn(self) -> None:
+        self.counters_before = self.memory_counters()
         foreground = self._terminal_foreground()
         setup = _child_setup(os.getpid(), controlling_tty=self.use_pty, foreground_fd=foreground)
         if self.use_pty:
@@ -1030,7 +1040,10 @@ class _Supervisor:
         failure: Failure | None = None
         stopped_by_us = self.term_sent_at is not None
         if not self.ready and self.user_stop is None:
-            failure = self.watcher.conclude(None if stopped_by_us else self.returncode)
+            evidence = None
+            if self.returncode == -signal.SIGKILL and not self.kill_sent:
+                evidence = oom_evidence(self.counters_before, self.memory_counters())
+            failure = self.watcher.conclude(None if stopped_by_us else self.returncode, evidence)
         return Outcome(
             exit_code=exit_code_for(self.returncode),
             returncode=self.returncode,
@@ -1076,6 +1089,7 @@ def launch(
     stderr_fd: int = 2,
     stop_grace: float = 2.0,
     kill_after: float = 5.0,
+    memory_counters: Callable[[], Mapping[str, int]] | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -1083,7 +1097,8 @@ def launch(
     output until the probe says ready; after a STOP_FAILED verdict the child gets stop_grace seconds to
     exit by itself, then SIGTERM, then SIGKILL after kill_after more. Call from the main thread of a
     process with no other threads that might take the forwarded signals. A binary that is missing or
-    not executable raises SafeLlamaError (127 / 126), with no child left behind.
+    not executable raises SafeLlamaError (127 / 126), with no child left behind. memory_counters: what
+    tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters).
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -1093,6 +1108,8 @@ def launch(
     supervisor = _Supervisor(
         args, child_env, watcher, probe, pty_mode, (stdin_fd, stdout_fd, stderr_fd), stop_grace, kill_after
     )
+    if memory_counters is not None:
+        supervisor.memory_counters = memory_counters
     watched = [*supervisor.forwardable, signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP]
     if pty_mode:
         watched += [signal.SIGWINCH]

@@ -114,7 +114,6 @@ def seed(tmp_path: Path, clean_env: dict[str, str]) -> tuple[dict[str, str], Pat
         **clean_env,
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
-        "FAKE_SAFE_LLAMA_ROOT": str(ROOT),
         "FAKE_ARGV_LOG": str(log),
     }
     return env, model, log
@@ -200,7 +199,7 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     from safe_llama import remember
 
     env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}
-    record = remember.Remembered({"--ctx-size": "4096"}, {}, 1, None, 1)
+    record = remember.Remembered(kv_bytes=1 << 20, learned_max_alloc=None, budget_bytes=1 << 30)
     remember.store("a" * 40, record, env)
     assert remember.recall("a" * 40, env) == record
     folder = tmp_path / "safe-llama" / "plans"
