@@ -183,6 +183,7 @@ def test_arguments_reach_the_tool_unchanged(seed: tuple[dict[str, str], Path, Pa
     assert args[:4] == ["-m", str(model), "-c", "4096"] and args[4:8] == odd
 
 
+@pytest.mark.slow
 def test_non_memory_failure_is_not_retried(tmp_path: Path, env: dict[str, str]) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
@@ -191,7 +192,8 @@ def test_non_memory_failure_is_not_retried(tmp_path: Path, env: dict[str, str]) 
     assert done.stderr.count("\n") == 1 and str(bad) in done.stderr
 
 
-def test_binary_not_found_is_127(env: dict[str, str], tmp_path: Path) -> None:
+def test_binary_not_found_is_127(clean_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": str(tmp_path)}
     done = _run(["server", "-c", "256"], {**env, "SAFE_LLAMA_BIN_DIR": str(tmp_path)})
     assert done.returncode == 127
     assert str(tmp_path / "llama-server") in done.stderr
@@ -375,3 +377,16 @@ def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple
     assert loose.returncode == 0, loose.stderr[-3000:]
     assert _contexts(log) == [44032] and learned[-1] < 44032
     assert "starting from the plan that worked before" not in loose.stderr
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", None), ("-1", None), ("2", 2), (None, 4)])
+def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> None:
+    from safe_llama.errors import SafeLlamaError
+    from safe_llama.launch_args import launch_options
+
+    settings = {} if value is None else {"attempts": value}
+    if expected is None:
+        with pytest.raises(SafeLlamaError, match="at least 1"):
+            launch_options(settings)
+    else:
+        assert launch_options(settings).attempts == expected

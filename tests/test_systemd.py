@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from safe_llama.paths import configs_dir
 from safe_llama.say import Say
 from tests.conftest import console_script
@@ -75,6 +77,7 @@ def test_json_log_format() -> None:
     assert (record["level"], record["msg"], record["attempt"]) == ("warning", "planned", 2)
 
 
+@pytest.mark.slow
 def test_shell_aliases_and_completion() -> None:
     script = configs_dir() / "shell" / "safe-llama.sh"
     done = subprocess.run(
