@@ -988,6 +988,34 @@ def test_real_server_ready_by_health_and_sigterm_stops_it_cleanly(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sender", ["kill-pgid", "timeout"])
+def test_real_server_group_sigterm_is_one_clean_shutdown(
+    scripts: dict[str, Path], tmp_path: Path, llama_bin: Path, bundled_model: Path, sender: str
+) -> None:
+    """`kill -TERM -PGID` and `timeout` reach the wrapper's group: llama-server gets one SIGTERM, exits 0,
+    and never says "Received second interrupt"."""
+    out, port = tmp_path / "outcome.json", free_port()
+    server = [str(llama_bin / "llama-server"), "-m", str(bundled_model), "-c", "4096", "--port", str(port)]
+    argv = driver_argv(scripts, {"out": str(out), "probe": "server"}, *server)
+    if sender == "timeout":
+        argv = ["timeout", "-s", "TERM", "20", *argv]
+    with spawned(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 start_new_session=True) as proc:  # fmt: skip
+        stderr = proc.stderr
+        assert stderr is not None
+        wait_for(lambda: b"listening on" in stderr.readline(), timeout=60, what="server listening")
+        if sender == "kill-pgid":
+            os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == (124 if sender == "timeout" else 0)
+        rest = stderr.read()
+    assert b"second interrupt" not in rest
+    outcome = json.loads(out.read_text())
+    assert outcome["signals_forwarded"] == [signal.SIGTERM] and outcome["returncode"] == 0
+    assert outcome["exit_code"] == 0
+    _wait_port_closed(port, 1)
+
+
+@pytest.mark.slow
 def test_real_server_sigkill_of_the_wrapper_frees_the_port(
     scripts: dict[str, Path], tmp_path: Path, llama_bin: Path, bundled_model: Path
 ) -> None:
