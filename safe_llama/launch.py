@@ -81,11 +81,11 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
     if prepared is not None and options.remember:
         digest = _remember_key(prepared, binary)
         known = remember.recall(digest, env)
-        if known is not None and not remember.usable(known, prepared.target.host_budget.value):
-            known = None  # learned under a tighter budget than this launch has: plan afresh
-        if known is not None and known.learned_max_alloc is not None:
+        if known is not None and known.learned_max_alloc is not None:  # the device's own limit: any budget
             plan_options = replace(plan_options, learned_max_alloc=known.learned_max_alloc)
             prepared = replan(prepared, plan_options, env)
+        if known is not None and not remember.usable(known, prepared.target.host_budget.value):
+            known = None  # the size was learned under a tighter budget than this launch has: plan afresh
         if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
             # the plan would ask for more than what last started here: start from what worked
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)

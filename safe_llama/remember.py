@@ -64,7 +64,8 @@ def _path(digest: str, env: Mapping[str, str]) -> Path:
 
 
 def usable(record: Remembered, budget_now: int) -> bool:
-    """A plan learned under a budget holds under the same or a tighter one; a looser one plans afresh."""
+    """A KV size learned under a budget holds under the same or a tighter one; a looser one plans afresh.
+    (learned_max_alloc is the device's own limit and holds whatever the host budget.)"""
     return budget_now <= record.budget_bytes
 
 
