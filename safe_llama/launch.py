@@ -44,11 +44,20 @@ class LaunchOptions:
 
 
 def _remember_key(prepared: Prepared, binary: Path) -> str:
-    from safe_llama import remember
+    from safe_llama import remember, state
 
-    request = asdict(prepared.request.kv)
-    device = f"{prepared.target.backend}:{prepared.target.device or ''}"
-    return remember.key(model=Path(prepared.model_path), binary=binary, device=device, request=request)
+    target = prepared.target
+    identity = remember.Identity(
+        model=state.file_key(Path(prepared.model_path)),
+        binary=state.file_key(binary),
+        binary_version=target.binary_version,
+        device=f"{target.backend}:{target.device or ''}",
+        device_memory=target.device_memory.value if target.device_memory else None,
+        device_max_alloc=target.max_alloc.value if target.max_alloc else None,
+        budget_source=remember.budget_source(target.host_budget.detail, target.host_budget.source),
+        request=asdict(prepared.request.kv),
+    )
+    return remember.key(identity)
 
 
 def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchOptions) -> int:
@@ -78,9 +87,11 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
     if prepared is not None and options.remember:
         digest = _remember_key(prepared, binary)
         known = remember.recall(digest, env)
-        if known is not None and known.learned_max_alloc is not None:
+        if known is not None and known.learned_max_alloc is not None:  # the device's own limit: any budget
             plan_options = replace(plan_options, learned_max_alloc=known.learned_max_alloc)
             prepared = replan(prepared, plan_options, env)
+        if known is not None and not remember.usable(known, prepared.target.host_budget.value):
+            known = None  # the size was learned under a tighter budget than this launch has: plan afresh
         if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
             # the plan would ask for more than what last started here: start from what worked
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
@@ -177,7 +188,7 @@ class _ReadyActions:
     def __call__(self) -> None:
         if self.store is not None:
             digest, prepared, options, env = self.store
-            _store(digest, prepared, self.attempt, options, env)
+            _store(digest, prepared, options, env)
         self.notifier.ready(f"ready (attempt {self.attempt})")
         interval = self.notifier.watchdog_interval
         if interval is not None:
@@ -235,8 +246,8 @@ class _Watcher:
         self._inner.ready()
         self._on_ready()
 
-    def conclude(self, returncode: int | None) -> Failure | None:
-        return self._inner.conclude(returncode)
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
+        return self._inner.conclude(returncode, oom_evidence)
 
 
 def _unplanned(prepared: Prepared) -> Prepared:
@@ -258,16 +269,14 @@ def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
     return (total if prepared.target.on_gpu else 0, total)
 
 
-def _store(digest: str, prepared: Prepared, attempt: int, options: PlanOptions, env: Mapping[str, str]) -> None:
+def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> None:
     from safe_llama import remember
 
     assert prepared.plan is not None
     record = remember.Remembered(
-        argv_changes={k: v for k, v in prepared.plan.argv_changes.items()},
-        env_changes=dict(prepared.plan.env_changes),
         kv_bytes=prepared.plan.kv.total_bytes,
         learned_max_alloc=options.learned_max_alloc,
-        attempts=attempt,
+        budget_bytes=prepared.target.host_budget.value,
     )
     try:
         remember.store(digest, record, env)

@@ -182,8 +182,10 @@ def launch_options(settings: Mapping[str, str]) -> Any:
         llama_version=settings.get("llama_version"),
         kv_split=None,
     )
-    attempts = number("attempts") or DEFAULT_ATTEMPTS
-    if attempts < 1:
+    attempts = number("attempts")
+    if attempts is None:
+        attempts = DEFAULT_ATTEMPTS
+    elif attempts < 1:
         raise SafeLlamaError("safe-llama: --attempts: must be at least 1", ExitStatus.USAGE)
     return LaunchOptions(
         plan=plan,

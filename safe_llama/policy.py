@@ -6,7 +6,7 @@ Owns reading and validating the policy; what the values mean is the planner's bu
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,42 +54,68 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def load_policy(path: Path, user_config: Path | None = None) -> Policy:
+    """The packaged planner settings with the user's [planner] table over them. A bad value is reported
+    against the file and key that hold it: the user's config.toml when they set it, else the packaged file."""
     raw: dict[str, Any] = _read_toml(path)
+    user: Mapping[str, Any] = {}
     if user_config is not None and user_config.is_file():
-        mine = _read_toml(user_config).get("planner", {})
-        unknown = sorted(set(mine) - set(raw)) if isinstance(mine, dict) else []
+        user = _read_toml(user_config).get("planner", {})
+        if not isinstance(user, Mapping):
+            raise SafeLlamaError(f"safe-llama: {user_config}: [planner] must be a table", ExitStatus.BAD_CONFIG)
+        unknown = sorted(set(user) - set(raw))
         if unknown:
             raise SafeLlamaError(
                 f"safe-llama: {user_config}: [planner] {unknown[0]}: unknown key (known: {', '.join(sorted(raw))})",
                 ExitStatus.BAD_CONFIG,
             )
-        raw = _merge(raw, mine)
-    try:
+        raw = _merge(raw, user)
+
+    def where(key: str, sub: str | None = None) -> str:
+        mine = user.get(key)
+        if (
+            user_config is not None
+            and mine is not None
+            and (sub is None or not isinstance(mine, Mapping) or sub.split(".")[0] in mine)
+        ):
+            return f"{user_config}: [planner] {key}{'.' + sub if sub else ''}"
+        return f"{path}: {key}{'.' + sub if sub else ''}"
+
+    def field(key: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
+        try:
+            value = raw[key] if default is None else raw.get(key, default)
+            return convert(value)
+        except KeyError:
+            raise SafeLlamaError(f"safe-llama: {where(key)}: missing", ExitStatus.BAD_CONFIG) from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise SafeLlamaError(f"safe-llama: {where(key)}: invalid value ({err})", ExitStatus.BAD_CONFIG) from None
+
+    def ladder_of(table: Any) -> dict[str, tuple[str, ...]]:
         ladder = {}
-        for key, value in raw["ladder"].items():
+        for key, value in table.items():
             if isinstance(value, dict):  # "openvino.server" written as a TOML sub-table
                 for sub, steps in value.items():
                     ladder[f"{key}.{sub}"] = tuple(steps)
             else:
                 ladder[key] = tuple(value)
-        for key, steps in ladder.items():
-            bad = [s for s in steps if s not in STEPS]
-            if bad:
-                raise SafeLlamaError(
-                    f"safe-llama: {path}: ladder.{key}: unknown step {bad[0]!r} (one of {', '.join(STEPS)})",
-                    ExitStatus.BAD_CONFIG,
-                )
-        return Policy(
-            ctx_floor=int(raw["ctx_floor"]),
-            skip_llama_fit=bool(raw["skip_llama_fit"]),
-            max_alloc_margin={k: int(v) for k, v in raw["max_alloc_margin_bytes"].items()},
-            memory_margin_fraction={k: float(v) for k, v in raw["memory_margin_fraction"].items()},
-            process_overhead={k: int(v) for k, v in raw["process_overhead_bytes"].items()},
-            address_space_overhead={k: int(v) for k, v in raw["address_space_overhead_bytes"].items()},
-            kv_split=dict(raw["kv_split"]),
-            ladder=ladder,
-            malloc_arena_max=int(raw.get("malloc_arena_max", 0)),
-            openvino_q8=bool(raw.get("quantized_kv", {}).get("openvino_q8", False)),
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise SafeLlamaError(f"safe-llama: {path}: missing or invalid setting {err}", ExitStatus.BAD_CONFIG) from None
+        return ladder
+
+    ladder = field("ladder", ladder_of)
+    for key, steps in ladder.items():
+        bad = [s for s in steps if s not in STEPS]
+        if bad:
+            raise SafeLlamaError(
+                f"safe-llama: {where('ladder', key)}: unknown step {bad[0]!r} (one of {', '.join(STEPS)})",
+                ExitStatus.BAD_CONFIG,
+            )
+    return Policy(
+        ctx_floor=field("ctx_floor", int),
+        skip_llama_fit=field("skip_llama_fit", bool),
+        max_alloc_margin=field("max_alloc_margin_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        memory_margin_fraction=field("memory_margin_fraction", lambda t: {k: float(v) for k, v in t.items()}),
+        process_overhead=field("process_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        address_space_overhead=field("address_space_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        kv_split=field("kv_split", dict),
+        ladder=ladder,
+        malloc_arena_max=field("malloc_arena_max", int, 0),
+        openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
+    )

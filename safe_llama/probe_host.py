@@ -7,6 +7,7 @@ are parameters, so tests pass a temporary tree). Must not decide a budget: devic
 from __future__ import annotations
 
 import resource
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +145,52 @@ def probe_host(
         cgroup_note=note,
         rlimit_as=read_rlimit_as(),
     )
+
+
+def oom_counters(
+    *,
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    vmstat: Path = Path("/proc/vmstat"),
+) -> dict[str, int]:
+    """The counters that rise when memory runs out, for this process's cgroup and each parent (a parent's
+    limit binds its children) and for the whole machine: where a child of ours would be OOM-killed.
+
+    cgroup v2 memory.events oom_kill; v1 memory.oom_control oom_kill and memory.failcnt (the limit was hit);
+    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved). Names are "file field".
+    """
+    counters: dict[str, int] = {}
+    machine = _stat_field(vmstat, ("oom_kill",))
+    if machine is not None:
+        counters[f"{vmstat} oom_kill"] = machine
+    text = _read(proc_cgroup) or ""
+    entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    places: list[tuple[Path, str, tuple[tuple[str, str | None], ...]]] = []
+    v2_path = next((path for hid, controllers, path in entries if hid == "0" and controllers == ""), None)
+    if v2_path is not None:
+        for base in (cgroup_root, cgroup_root / "unified"):
+            if (base / "cgroup.controllers").is_file():
+                places.append((base, v2_path, (("memory.events", "oom_kill"),)))
+    v1_path = next((path for _, controllers, path in entries if "memory" in controllers.split(",")), None)
+    if v1_path is not None:
+        places.append((cgroup_root / "memory", v1_path, (("memory.oom_control", "oom_kill"), ("memory.failcnt", None))))
+    for base, path, files in places:
+        directory = _own_dir(base, path)
+        while True:
+            for name, field in files:
+                value = _int(_read(directory / name)) if field is None else _stat_field(directory / name, (field,))
+                if value is not None:
+                    counters[f"{directory / name}{'' if field is None else ' ' + field}"] = value
+            if directory == base or base not in directory.parents:
+                break
+            directory = directory.parent
+    return counters
+
+
+def oom_evidence(before: Mapping[str, int], after: Mapping[str, int]) -> str | None:
+    """Which counter rose between two oom_counters() readings, as words; None: no sign of memory running out."""
+    for name, value in after.items():
+        old = before.get(name)
+        if old is not None and value > old:
+            return f"{name} rose from {old} to {value}"
+    return None

@@ -1,7 +1,8 @@
-"""What worked before: the plan that started, and limits learned from failures, per model, binary,
-device and request, so the next launch starts the first time.
+"""What worked before: the KV size that started and a device limit learned from a failure, keyed to what
+decides whether a plan fits, so the next launch starts the first time.
 
-Owns the key and the record's shape; the file discipline (0600, atomic, no symlinks) is state.py's.
+Owns the key, the record's shape and the rule for using one (only under the same or a tighter host
+budget from the same source); the file discipline (0700, 0600, atomic, no symlinks) is state.py's.
 """
 
 from __future__ import annotations
@@ -18,33 +19,54 @@ from typing import Any
 from safe_llama import state
 from safe_llama.paths import cache_dir
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
 class Remembered:
-    argv_changes: Mapping[str, str | bool]
-    env_changes: Mapping[str, str]
-    kv_bytes: int
-    learned_max_alloc: int | None
-    attempts: int
+    kv_bytes: int  # the KV of the plan that reached readiness
+    learned_max_alloc: int | None  # the largest single allocation the device named in a failed start
+    budget_bytes: int  # the host budget it started under: a looser budget plans afresh
 
 
-def key(*, model: Path, binary: Path, device: str, request: Mapping[str, Any]) -> str:
-    """A digest of what decides whether a plan fits: the model's and binary's identity, the device and
-    the memory-relevant request (never secrets: only the planner's KV request fields go in)."""
-    parts = {
-        "format": FORMAT,
-        "model": state.file_key(model),
-        "binary": state.file_key(binary),
-        "device": device,
-        "request": dict(request),
-    }
+@dataclass(frozen=True)
+class Identity:
+    """Everything a remembered plan depends on but the host budget's size (which the record holds)."""
+
+    model: str  # state.file_key of the model file
+    binary: str  # state.file_key of the llama.cpp binary
+    binary_version: str | None
+    device: str  # backend:device name
+    device_memory: int | None
+    device_max_alloc: int | None  # as probed or declared, not learned
+    budget_source: str  # RLIMIT_AS | cgroup | RAM | declared
+    request: Mapping[str, Any]  # the planner's KV request fields (never secrets)
+
+
+def budget_source(detail: str, source: str) -> str:
+    """Where a host budget came from, in one word (from device_map.host_budget's Sourced)."""
+    if source == "declared":
+        return "declared"
+    if "RLIMIT_AS" in detail:
+        return "RLIMIT_AS"
+    if "cgroup" in detail:
+        return "cgroup"
+    return "RAM"
+
+
+def key(identity: Identity) -> str:
+    parts = {"format": FORMAT, **asdict(identity), "request": dict(identity.request)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
 def _path(digest: str, env: Mapping[str, str]) -> Path:
     return cache_dir(env) / "plans" / f"{digest}.json"
+
+
+def usable(record: Remembered, budget_now: int) -> bool:
+    """A KV size learned under a budget holds under the same or a tighter one; a looser one plans afresh.
+    (learned_max_alloc is the device's own limit and holds whatever the host budget.)"""
+    return budget_now <= record.budget_bytes
 
 
 def recall(digest: str, env: Mapping[str, str] = os.environ) -> Remembered | None:
@@ -53,13 +75,11 @@ def recall(digest: str, env: Mapping[str, str] = os.environ) -> Remembered | Non
         return None
     try:
         return Remembered(
-            argv_changes=dict(raw["argv_changes"]),
-            env_changes={str(k): str(v) for k, v in raw["env_changes"].items()},
             kv_bytes=int(raw["kv_bytes"]),
             learned_max_alloc=None if raw["learned_max_alloc"] is None else int(raw["learned_max_alloc"]),
-            attempts=int(raw["attempts"]),
+            budget_bytes=int(raw["budget_bytes"]),
         )
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -11,14 +11,14 @@ import re
 import signal
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import configs_dir
 
-Category = Literal["alloc", "context", "not_memory"]
+Category = Literal["alloc", "context", "not_memory", "generic"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
 
 # What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.
@@ -85,6 +85,7 @@ class Failure:
     limit_bytes: int | None = None  # the device's largest single allocation, when it said so
     buffer: str | None = None
     signal: int | None = None  # the signal that ended the child, if one did
+    evidence: str | None = None  # for a SIGKILL: the memory counter that rose (the OOM killer's trace)
 
 
 def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Match:
@@ -291,16 +292,19 @@ def _memory_failure(kind: FailureKind, decisive: Match | None, matches: Sequence
     )
 
 
-def classify(matches: Sequence[Match], returncode: int | None) -> Failure | None:
+def classify(matches: Sequence[Match], returncode: int | None, *, oom_evidence: str | None = None) -> Failure | None:
     """What a start that ended before readiness means.
 
     returncode follows subprocess: N for exit(N), -N for death by signal N, None when the child was
     still running and was stopped because an allocation error had been printed. None is returned for a
-    clean exit (0) or a still-running child with nothing to report.
+    clean exit (0) or a still-running child with nothing to report. oom_evidence: a memory counter that
+    rose while the child ran (probe_host.oom_evidence), the only sign that a SIGKILL was the OOM killer's.
 
-    Rules, in order: the first alloc or not_memory line printed decides; else SIGKILL is the kernel's
-    OOM killer (oom_killed, memory); else another signal is a crash or a stop (not memory); else a generic
-    context failure is memory; else a non-zero exit is not memory.
+    Rules, in order: the first alloc or not_memory line printed decides (a generic line, an assertion,
+    never does: an alloc line anywhere after it still does); else a generic line is not memory; else
+    SIGKILL with evidence is the OOM killer (oom_killed, memory); else a signal is a crash or a stop,
+    a user's `kill -9` included (not memory); else a generic context failure is memory; else a non-zero
+    exit is not memory.
     """
     if returncode == 0:
         return None
@@ -316,8 +320,14 @@ def classify(matches: Sequence[Match], returncode: int | None) -> Failure | None
             line=decisive.line,
             signal=sig,
         )
-    if sig == signal.SIGKILL:
-        return _memory_failure("oom_killed", None, matches, sig)
+    generic = _first(matches, {"generic"})
+    if generic is not None:
+        return Failure(
+            kind="not_memory", memory=False, signature_id=generic.signature_id, line=generic.line, signal=sig
+        )
+    if sig == signal.SIGKILL and oom_evidence is not None:
+        killed = _memory_failure("oom_killed", None, matches, sig)
+        return replace(killed, line=f"killed by SIGKILL while {oom_evidence}", evidence=oom_evidence)
     if sig is not None:
         return Failure(kind="signal", memory=False, signal=sig)
     context = _first(matches, {"context"})

@@ -7,9 +7,14 @@ to retry is the caller's) and must never alter, delay or hold back a byte the ch
 Built on the standard library (subprocess, pty/termios, poll, a signalfd through ctypes) rather than
 pexpect/ptyprocess: those fork a pty child only (no separate stdout/stderr pipes), cannot set
 PR_SET_PDEATHSIG or an empty signal mask in the child, and pexpect's interact() swallows an escape
-character and can drop output at exit (pexpect #120). A signalfd gives each signal's siginfo, which is
-how a SIGINT from the terminal (si_code SI_KERNEL, already delivered to the child) is told from a
-`kill` (SI_USER) that must be forwarded. Linux only, like PR_SET_PDEATHSIG.
+character and can drop output at exit (pexpect #120). Linux only, like PR_SET_PDEATHSIG and signalfd.
+
+The child always runs in a process group of its own (as `tini -g` does), so safe-llama is the only one
+who signals it: `kill -TERM -PGID`, `timeout`, a shell's `kill %1` reach safe-llama's group only, and each
+signal reaches the child once, forwarded. Where safe-llama is the terminal's foreground job in pipe mode
+(stdin a terminal), the child's group is made the foreground one, so the terminal's ^C and ^Z reach the
+child alone, exactly as they reach a bare llama.cpp; when the child stops, safe-llama stops too, so the
+shell sees its job stopped. In pty mode the child leads its own session on the pty.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.probe_host import oom_counters, oom_evidence
 from safe_llama.proc import GUARD_ENV
 from safe_llama.signatures import ESCAPES, Failure, Match, Scanner, SignatureTable, classify
 
@@ -46,12 +52,18 @@ from safe_llama.signatures import ESCAPES, Failure, Match, Scanner, SignatureTab
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
 
-SI_KERNEL = 0x80  # si_code of a signal the kernel sent itself: the tty driver's ^C, ^\, hangup
 PR_SET_PDEATHSIG = 1
 READ_SIZE = 1 << 16
 HIGH_WATER = 1 << 20  # stop reading a source while this much of its output waits for the reader
+# The same signal again this soon is one request sent twice (coreutils `timeout` signals its child, then
+# its own group): merged, as the kernel merges a signal that is still pending. A person's second ^C or
+# second `kill` comes later and is forwarded.
+COALESCE = 0.1
 DRAIN_IDLE = 0.25  # after the child exits: give up on pipes a grandchild keeps open after this quiet time
 _LISTENING = re.compile(r"listening on https?://\S+:(\d+)")
+# llama-server's own word that /health now answers 200 (tools/server/server.cpp, right after is_ready):
+# `srv  llama_server: model loaded`. A server stopped a moment later was still ready.
+_MODEL_LOADED = re.compile(r"srv +\w+: model loaded$", re.MULTILINE)
 
 
 class Stream(enum.Enum):
@@ -73,8 +85,9 @@ class Watcher(Protocol):
     def ready(self) -> None:
         """Start-up is over: output() will not be called again."""
 
-    def conclude(self, returncode: int | None) -> Failure | None:
-        """The child ended before readiness (returncode None: we stopped it): what failed, if anything."""
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
+        """The child ended before readiness (returncode None: we stopped it): what failed, if anything.
+        oom_evidence: the memory counter that rose while it ran, if one did."""
 
 
 class ReadinessProbe(Protocol):
@@ -143,11 +156,11 @@ class SignatureWatcher:
     def ready(self) -> None:
         self._scanners.clear()
 
-    def conclude(self, returncode: int | None) -> Failure | None:
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
         for scanner in self._scanners.values():
             self.matches.extend(scanner.close())
         self._scanners.clear()
-        return classify(self.matches, returncode)
+        return classify(self.matches, returncode, oom_evidence=oom_evidence)
 
 
 class _CleanText:
@@ -261,7 +274,8 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 @dataclass
 class HealthProbe:
-    """llama-server: ready when GET {prefix}/health answers 200 (503 while the model loads).
+    """llama-server: ready when it logs `model loaded`, or when GET {prefix}/health answers 200 (503 while
+    the model loads), whichever comes first.
 
     With --port 0 the port is learnt from the `listening on http://HOST:PORT` line.
     """
@@ -276,11 +290,12 @@ class HealthProbe:
     _tail: _Tail = field(default_factory=lambda: _Tail(keep=128), init=False, repr=False, compare=False)
 
     def output(self, stream: Stream, data: bytes) -> bool:
+        seen = self._tail.push(data)
         if self.port == 0 and self.unix_socket is None:
-            found = _LISTENING.search(self._tail.push(data))
+            found = _LISTENING.search(seen)
             if found is not None:
                 self.port = int(found.group(1))
-        return False
+        return _MODEL_LOADED.search(seen) is not None
 
     def poll_interval(self) -> float | None:
         return self.interval
@@ -382,7 +397,7 @@ _SIGINFO_SIZE = 128
 @dataclass(frozen=True)
 class _SigInfo:
     signo: int
-    code: int  # SI_USER for kill(), SI_KERNEL for the tty driver's
+    code: int  # SI_USER for kill(), SI_KERNEL (0x80) for the tty driver's
 
 
 class _SignalFd:
@@ -589,19 +604,38 @@ def _forwardable() -> tuple[int, ...]:
     return tuple(s for s in FORWARDED if signal.getsignal(s) is not signal.SIG_IGN)
 
 
-def _child_setup(parent: int, controlling_tty: bool) -> Callable[[], None]:
-    """Runs in the child between fork and exec (no shell, no exec shim)."""
+def _child_setup(parent: int, controlling_tty: bool, foreground_fd: int | None) -> Callable[[], None]:
+    """Runs in the child between fork and exec (no shell, no exec shim).
+
+    controlling_tty: the child leads a new session whose terminal is its stdin (the pty). Otherwise it
+    gets a process group of its own, made the terminal's foreground group when foreground_fd is given
+    (SIGTTOU is still blocked here, so tcsetpgrp from the now-background group does not stop it).
+    """
     prctl = _libc.prctl
 
     def setup() -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the wrapper died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
         if controlling_tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        else:
+            os.setpgid(0, 0)
+            if foreground_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.tcsetpgrp(foreground_fd, os.getpid())
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd
 
     return setup
+
+
+def _is_stopped(pid: int) -> bool:
+    """pid is stopped now (a stop already undone by a SIGCONT is not news)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _spawn_error(binary: str, err: OSError) -> SafeLlamaError:
@@ -663,15 +697,49 @@ class _Supervisor:
         self.kill_sent = False
         self.user_stop: int | None = None
         self.forwarded: list[int] = []
+        self.foreground_fd: int | None = None  # pipe mode: the terminal whose foreground the child holds
+        self.child_stopped_by_us = False
+        self.last_forward: tuple[int, float] = (0, 0.0)
+        self.memory_counters: Callable[[], Mapping[str, int]] = oom_counters
+        self.counters_before: Mapping[str, int] = {}
+
+    def _terminal_foreground(self) -> int | None:
+        """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
+        if self.use_pty:
+            return None
+        try:
+            return self.stdin_fd if os.tcgetpgrp(self.stdin_fd) == os.getpgrp() else None
+        except OSError:  # not a terminal, or not our controlling one
+            return None
+
+    def _give_foreground(self) -> None:
+        fd = self._terminal_foreground()
+        if fd is not None and self.proc is not None and self.returncode is None:
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(fd, self.proc.pid)
+                self.foreground_fd = fd
+
+    def _take_foreground(self) -> None:
+        if self.foreground_fd is not None:
+            with contextlib.suppress(OSError):  # SIGTTOU is blocked: allowed from the background
+                os.tcsetpgrp(self.foreground_fd, os.getpgrp())
+            self.foreground_fd = None
 
     # -- spawning ------------------------------------------------------------------------------------
 
     def spawn(self) -> None:
-        setup = _child_setup(os.getpid(), controlling_tty=self.use_pty)
+        self.counters_before = self.memory_counters()
+        foreground = self._terminal_foreground()
+        setup = _child_setup(os.getpid(), controlling_tty=self.use_pty, foreground_fd=foreground)
         if self.use_pty:
             self._spawn_pty(setup)
         else:
             self._spawn_pipes(setup)
+            assert self.proc is not None
+            with contextlib.suppress(OSError):  # as a shell does: both sides, whichever runs first
+                os.setpgid(self.proc.pid, self.proc.pid)
+            if foreground is not None:
+                self._give_foreground()
 
     def _popen(self, setup: Callable[[], None], stdin: int | None, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
         try:
@@ -904,12 +972,14 @@ class _Supervisor:
     def _forward(self, info: _SigInfo) -> None:
         if info.signo in STOP_SIGNALS and self.user_stop is None:
             self.user_stop = info.signo
-        if not self.use_pty and info.code == SI_KERNEL:
-            # From the tty driver to the whole foreground process group: the child, in our group, has it.
+        now = time.monotonic()
+        last_signo, last_at = self.last_forward
+        if info.signo == last_signo and now - last_at < COALESCE:
             return
-        if self.returncode is None:
+        if self.returncode is None:  # the child is in no group a sender knows of: it gets it from us only
             self._send(info.signo)
             self.forwarded.append(info.signo)
+            self.last_forward = (info.signo, now)
 
     def _resize(self) -> None:
         if self.terminal is not None and self.master is not None:
@@ -917,20 +987,26 @@ class _Supervisor:
                 fcntl.ioctl(self.master, termios.TIOCSWINSZ, self.terminal.window_size())
 
     def _suspend(self) -> None:
-        """Job control in pty mode: stop the child, give the terminal back as it was, stop; resume: undo."""
-        if self.terminal is None:
-            return
+        """Job control: stop the child, give the terminal back as it was, stop; resume: undo."""
+        self.child_stopped_by_us = True
         self._signal_child_group(signal.SIGSTOP)
-        self.terminal.restore()
+        self._stop_self()
+
+    def _stop_self(self) -> None:
+        self._take_foreground()
+        if self.terminal is not None:
+            self.terminal.restore()
         os.kill(os.getpid(), signal.SIGSTOP)
         self._resumed()
 
     def _resumed(self) -> None:
-        if self.terminal is None:
-            return
-        with contextlib.suppress(OSError, termios.error):
-            self.terminal.make_raw()
-        self._resize()  # the window may have changed while we were stopped
+        if self.terminal is not None:
+            with contextlib.suppress(OSError, termios.error):
+                self.terminal.make_raw()
+            self._resize()  # the window may have changed while we were stopped
+        if self.foreground_fd is None:
+            self._give_foreground()  # `fg` made us the foreground job again (`bg` did not)
+        self.child_stopped_by_us = False
         self._signal_child_group(signal.SIGCONT)
 
     def _signal_child_group(self, signo: int) -> None:
@@ -942,12 +1018,20 @@ class _Supervisor:
         if self.proc is None or self.returncode is not None:
             return
         try:
-            pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.proc.pid, os.WNOHANG | (0 if self.use_pty else os.WUNTRACED))
         except ChildProcessError:
             return
-        if pid != 0:
-            self.returncode = os.waitstatus_to_exitcode(status)
-            self.proc.returncode = self.returncode
+        if pid == 0:
+            return
+        if os.WIFSTOPPED(status):
+            # The terminal's ^Z (or a read from it in the background) stopped the child's group: stop as
+            # well, so the shell sees the job stopped and gets its terminal back.
+            if not self.child_stopped_by_us and _is_stopped(pid):
+                self._stop_self()
+            return
+        self.returncode = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = self.returncode
+        self._take_foreground()
 
     # -- the end -------------------------------------------------------------------------------------
 
@@ -956,7 +1040,10 @@ class _Supervisor:
         failure: Failure | None = None
         stopped_by_us = self.term_sent_at is not None
         if not self.ready and self.user_stop is None:
-            failure = self.watcher.conclude(None if stopped_by_us else self.returncode)
+            evidence = None
+            if self.returncode == -signal.SIGKILL and not self.kill_sent:
+                evidence = oom_evidence(self.counters_before, self.memory_counters())
+            failure = self.watcher.conclude(None if stopped_by_us else self.returncode, evidence)
         return Outcome(
             exit_code=exit_code_for(self.returncode),
             returncode=self.returncode,
@@ -970,6 +1057,7 @@ class _Supervisor:
         )
 
     def cleanup(self) -> None:
+        self._take_foreground()
         if self.probe_thread is not None:
             self.probe_thread.close()
             self.probe_thread = None
@@ -1001,6 +1089,7 @@ def launch(
     stderr_fd: int = 2,
     stop_grace: float = 2.0,
     kill_after: float = 5.0,
+    memory_counters: Callable[[], Mapping[str, int]] | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -1008,7 +1097,8 @@ def launch(
     output until the probe says ready; after a STOP_FAILED verdict the child gets stop_grace seconds to
     exit by itself, then SIGTERM, then SIGKILL after kill_after more. Call from the main thread of a
     process with no other threads that might take the forwarded signals. A binary that is missing or
-    not executable raises SafeLlamaError (127 / 126), with no child left behind.
+    not executable raises SafeLlamaError (127 / 126), with no child left behind. memory_counters: what
+    tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters).
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -1018,10 +1108,13 @@ def launch(
     supervisor = _Supervisor(
         args, child_env, watcher, probe, pty_mode, (stdin_fd, stdout_fd, stderr_fd), stop_grace, kill_after
     )
-    watched = [*supervisor.forwardable, signal.SIGCHLD]
+    if memory_counters is not None:
+        supervisor.memory_counters = memory_counters
+    watched = [*supervisor.forwardable, signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP]
     if pty_mode:
-        watched += [signal.SIGWINCH, signal.SIGCONT, signal.SIGTSTP]
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        watched += [signal.SIGWINCH]
+    # SIGTTOU blocked, not watched: tcsetpgrp() and terminal writes from the background are allowed then.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [*watched, signal.SIGTTOU])
     sigfd: _SignalFd | None = None
     try:
         sigfd = _SignalFd(watched)

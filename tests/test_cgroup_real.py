@@ -104,4 +104,52 @@ def test_oom_kill_during_start_up_is_retried(
     env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
     ready, code, err = _serve_in(cgroup, ["--no-predict", "server", "-c", "2000000"], env)
     assert ready and code == 0, err[-3000:]
-    assert "safe-llama: attempt 1 failed: oom_killed" in err
+    assert "safe-llama: attempt 1 failed: killed by SIGKILL while" in err and "oom_kill rose" in err
+
+
+# The wrapper's side only (no llama.cpp): a child that outgrows the cgroup is OOM-killed, one that a user
+# kills is not, and only the first is a memory failure.
+_DRIVER = """
+import json, sys
+from safe_llama.signatures import load_table
+from safe_llama.supervise import SignatureWatcher, launch
+outcome = launch(sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=SignatureWatcher(load_table()), use_pty=False)
+print(json.dumps({"returncode": outcome.returncode, "retry": outcome.retry,
+                  "kind": outcome.failure.kind if outcome.failure else None,
+                  "evidence": outcome.failure.evidence if outcome.failure else None}))
+"""
+
+
+def _launch_in(cgroup: tuple[Path, str], child: list[str]) -> dict[str, object]:
+    import json
+
+    folder, procs = cgroup
+
+    def enter() -> None:
+        (folder / procs).write_text(str(os.getpid()))
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, *child],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=enter,
+        check=False,
+    )
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_an_oom_kill_in_the_cgroup_is_evidence(cgroup: tuple[Path, str]) -> None:
+    hog = [sys.executable, "-c", "b = []\nwhile True: b.append(bytearray(64 << 20))"]
+    outcome = _launch_in(cgroup, hog)
+    assert outcome["returncode"] == -signal.SIGKILL
+    assert outcome["kind"] == "oom_killed" and outcome["retry"] is True
+    assert "oom_kill" in str(outcome["evidence"]) or "failcnt" in str(outcome["evidence"])
+
+
+def test_a_user_sigkill_in_the_cgroup_is_not_memory(cgroup: tuple[Path, str]) -> None:
+    outcome = _launch_in(cgroup, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert outcome["returncode"] == -signal.SIGKILL
+    assert outcome["kind"] == "signal" and outcome["retry"] is False and outcome["evidence"] is None

@@ -358,6 +358,7 @@ def fixture_machine(root: Path, *, memory_max: int) -> tuple[ProbeRoots, Path, d
         "PATH": str(root / "no-bin"),
         "XDG_CACHE_HOME": str(root / "cache"),
         "XDG_CONFIG_HOME": str(root / "config"),
+        "SAFE_LLAMA_PREFIX": str(root / "opt"),  # nor a system-wide install
     }
     roots = ProbeRoots(sys_root=sys_root, dev_root=dev_root, proc_cgroup=root / "proc-cgroup", cgroup_root=cgroup_root)
     return roots, etc_root, env

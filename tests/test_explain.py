@@ -337,10 +337,11 @@ def test_a_model_the_log_names_but_this_machine_lacks(clean_env: dict[str, str])
     assert any(f"names the model {SEED_MODEL}, which is not on this machine" in n for n in data["notes"])
 
 
-def test_unreadable_file_is_65(tmp_path: Path, clean_env: dict[str, str]) -> None:
+def test_unreadable_log_is_a_bad_argument_not_a_bad_model(tmp_path: Path, clean_env: dict[str, str]) -> None:
     with pytest.raises(SafeLlamaError) as err:
         run_explain(file=str(tmp_path / "absent.log"), env=clean_env, out=io.StringIO())
-    assert int(err.value.status) == 65
+    assert int(err.value.status) == 2
+    assert err.value.message == f"safe-llama: explain: {tmp_path / 'absent.log'}: No such file or directory"
 
 
 @pytest.mark.slow

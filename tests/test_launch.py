@@ -4,7 +4,9 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 from __future__ import annotations
 
 import itertools
+import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -114,7 +116,6 @@ def seed(tmp_path: Path, clean_env: dict[str, str]) -> tuple[dict[str, str], Pat
         **clean_env,
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
-        "FAKE_SAFE_LLAMA_ROOT": str(ROOT),
         "FAKE_ARGV_LOG": str(log),
     }
     return env, model, log
@@ -182,6 +183,7 @@ def test_arguments_reach_the_tool_unchanged(seed: tuple[dict[str, str], Path, Pa
     assert args[:4] == ["-m", str(model), "-c", "4096"] and args[4:8] == odd
 
 
+@pytest.mark.slow
 def test_non_memory_failure_is_not_retried(tmp_path: Path, env: dict[str, str]) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
@@ -190,7 +192,8 @@ def test_non_memory_failure_is_not_retried(tmp_path: Path, env: dict[str, str]) 
     assert done.stderr.count("\n") == 1 and str(bad) in done.stderr
 
 
-def test_binary_not_found_is_127(env: dict[str, str], tmp_path: Path) -> None:
+def test_binary_not_found_is_127(clean_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": str(tmp_path)}
     done = _run(["server", "-c", "256"], {**env, "SAFE_LLAMA_BIN_DIR": str(tmp_path)})
     assert done.returncode == 127
     assert str(tmp_path / "llama-server") in done.stderr
@@ -200,7 +203,7 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     from safe_llama import remember
 
     env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}
-    record = remember.Remembered({"--ctx-size": "4096"}, {}, 1, None, 1)
+    record = remember.Remembered(kv_bytes=1 << 20, learned_max_alloc=None, budget_bytes=1 << 30)
     remember.store("a" * 40, record, env)
     assert remember.recall("a" * 40, env) == record
     folder = tmp_path / "safe-llama" / "plans"
@@ -282,3 +285,108 @@ def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]
         assert secret not in launched.stderr
         assert secret not in stored
     assert "<redacted>" in shown.stdout
+
+
+def _contexts(log: Path) -> list[int]:
+    return [int(a[a.index("-c") + 1]) for a, _ in (eval(x) for x in log.read_text().splitlines())]  # noqa: S307
+
+
+def _plans(env: dict[str, str]) -> list[Path]:
+    return list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "plans").glob("*.json"))
+
+
+def test_user_sigkill_is_not_retried_nor_remembered(seed: tuple[dict[str, str], Path, Path], tmp_path: Path) -> None:
+    """A `kill -9` of a hung start-up is the user's: no memory counter rose, so no retry and no learned cap."""
+    env, model, log = seed
+    pid_file = tmp_path / "child.pid"
+    env = {**env, "FAKE_HANG": "1", "FAKE_PID_FILE": str(pid_file)}
+    proc = safe_llama(["completion", "-m", str(model), "-c", "8192", "-p", "x"], env)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 137, err.decode()[-2000:]
+    assert len(log.read_text().splitlines()) == 1  # one spawn
+    assert _attempt_lines(err.decode()) == []
+    assert _plans(env) == []
+
+
+def test_ggml_init_assert_before_the_memory_line_is_retried(seed: tuple[dict[str, str], Path, Path]) -> None:
+    """Under RLIMIT_AS, ggml_init's GGML_ASSERT(ctx->mem_buffer != NULL) comes first: still a memory failure."""
+    env, model, log = seed
+    env = {**env, "FAKE_HOST_LIMIT": str(4 << 30)}  # the profile's stateful plan asks for 7 GiB of KV
+    done = _run(["completion", "-m", str(model), "-c", "65536", "-p", "Once", "-n", "8"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    contexts = _contexts(log)
+    assert len(contexts) >= 2 and contexts[0] == 65536 and contexts[-1] < contexts[0]
+    failed = _attempt_lines(done.stderr)
+    assert "GGML_ASSERT(ctx->mem_buffer != NULL)" in failed[0] and "retrying" in failed[0]
+
+
+def test_server_stopped_right_after_readiness_is_remembered(seed: tuple[dict[str, str], Path, Path]) -> None:
+    """Readiness is llama-server's own `model loaded` line: a stop a moment later still stores the plan."""
+    env, model, _ = seed
+    env = {**env, "FAKE_TOOL": "server"}
+    proc = safe_llama(["server", "-m", str(model), "-c", "8192", "--port", str(free_port())], env)
+    assert proc.stderr is not None
+    seen = b""
+    try:
+        while b"model loaded" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen.decode()[-2000:]
+            seen += line
+        proc.send_signal(signal.SIGTERM)  # at once: well before any /health poll
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (seen + rest).decode()[-2000:]
+    assert len(_plans(env)) == 1
+
+
+def _run_under(args: list[str], env: dict[str, str], as_limit_kib: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "safe_llama", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=_limit(as_limit_kib),
+    )
+
+
+def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple[dict[str, str], Path, Path]) -> None:
+    env, model, log = seed
+    args = ["completion", "-m", str(model), "-c", "131072", "-p", "Once", "-n", "8"]
+    # 4 GiB of address space: the plan (-c 25856) fails once as ggml_init does, a smaller one starts
+    tight = _run_under(args, {**env, "FAKE_HOST_LIMIT": str(2 << 30)}, 4 << 20)
+    assert tight.returncode == 0, tight.stderr[-3000:]
+    learned = _contexts(log)
+    assert len(learned) >= 2 and len(_plans(env)) == 1
+    log.unlink()
+    # 6 GiB: the remembered (smaller) plan must not cap it; the planner's own answer is used
+    loose = _run_under(args, env, 6 << 20)
+    assert loose.returncode == 0, loose.stderr[-3000:]
+    assert _contexts(log) == [44032] and learned[-1] < 44032
+    assert "starting from the plan that worked before" not in loose.stderr
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", None), ("-1", None), ("2", 2), (None, 4)])
+def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> None:
+    from safe_llama.errors import SafeLlamaError
+    from safe_llama.launch_args import launch_options
+
+    settings = {} if value is None else {"attempts": value}
+    if expected is None:
+        with pytest.raises(SafeLlamaError, match="at least 1"):
+            launch_options(settings)
+    else:
+        assert launch_options(settings).attempts == expected

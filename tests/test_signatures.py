@@ -253,7 +253,12 @@ LINES = [
     ),
     pytest.param(
         "/src/ggml/src/ggml.c:1712: GGML_ASSERT(ctx->mem_buffer != NULL) failed",
-        ("ggml-assert", "not_memory", None, None, None),
+        ("ggml-init-no-memory", "alloc", None, None, None),
+        id="ggml-init-assert-is-memory",
+    ),
+    pytest.param(
+        "/src/ggml/src/ggml-cpu/ops.cpp:40: GGML_ASSERT(ne00 == ne01) failed",
+        ("ggml-assert", "generic", None, None, None),
         id="ggml-assert-format",
     ),
 ]
@@ -321,7 +326,7 @@ def test_clean_line(raw: str, clean: str) -> None:
         ("completion-bad-alloc.log", 1, "alloc", "bad-alloc", None, None, None),
         ("cuda-oom-ngl99.log", 1, "alloc", "cuda-malloc", 262160777216, None, "CUDA0"),
         ("cuda-oom-fitoff.log", 1, "alloc", "cuda-malloc", 262160777216, None, "CUDA0"),
-        ("cuda-oom-nglauto.log", -signal.SIGKILL, "oom_killed", None, None, None, None),
+        ("cuda-oom-nglauto.log", -signal.SIGKILL, "signal", None, None, None, None),  # the recorder's kill
         ("openvino-seed.log", 1, "alloc", "openvino-max-alloc-size", 7516192768, 4294959104, None),
         ("openvino-seed.log", None, "alloc", "openvino-max-alloc-size", 7516192768, 4294959104, None),
         ("server-bad-magic.log", 1, "not_memory", "gguf-invalid", None, None, None),
@@ -373,7 +378,25 @@ def _m(category: str, sig: str = "x", requested: int | None = None, estimate: bo
         pytest.param([], None, None, id="still-running-nothing-seen"),
         pytest.param([], 1, Failure("exit", False), id="exit-1-nothing-known"),
         pytest.param([], 130, Failure("exit", False), id="exit-130"),
-        pytest.param([], -signal.SIGKILL, Failure("oom_killed", True, signal=9), id="sigkill-is-oom-killer"),
+        pytest.param([], -signal.SIGKILL, Failure("signal", False, signal=9), id="sigkill-without-evidence-is-a-user"),
+        pytest.param(
+            [_m("generic", "assert")],
+            -signal.SIGABRT,
+            Failure("not_memory", False, "assert", "assert line", signal=6),
+            id="generic-assert-alone-is-not-memory",
+        ),
+        pytest.param(
+            [_m("generic", "assert"), _m("alloc", "a", 1024)],
+            -signal.SIGABRT,
+            Failure("alloc", True, "a", "a line", requested_bytes=1024, signal=6),
+            id="alloc-after-a-generic-assert-wins",
+        ),
+        pytest.param(
+            [_m("alloc", "a"), _m("generic", "assert")],
+            -signal.SIGABRT,
+            Failure("alloc", True, "a", "a line", signal=6),
+            id="alloc-before-a-generic-assert-wins",
+        ),
         pytest.param([], -signal.SIGSEGV, Failure("signal", False, signal=11), id="segfault"),
         pytest.param([], -signal.SIGTERM, Failure("signal", False, signal=15), id="sigterm"),
         pytest.param(
@@ -419,6 +442,39 @@ def _m(category: str, sig: str = "x", requested: int | None = None, estimate: bo
 )
 def test_classify_rules(matches: list[Match], returncode: int | None, expected: Failure | None) -> None:
     assert classify(matches, returncode) == expected
+
+
+def test_sigkill_is_out_of_memory_only_with_evidence() -> None:
+    evidence = "/sys/fs/cgroup/memory/x/memory.oom_control oom_kill rose from 0 to 1"
+    failure = classify([], -signal.SIGKILL, oom_evidence=evidence)
+    assert failure is not None and failure.kind == "oom_killed" and failure.memory
+    assert failure.evidence == evidence and failure.line is not None and evidence in failure.line
+    assert classify([], -signal.SIGKILL) == Failure("signal", False, signal=9)
+    assert classify([], -signal.SIGTERM, oom_evidence=evidence) == Failure("signal", False, signal=15)
+
+
+GGML_INIT_ASSERT = (
+    b"0.00.100.000 I llama_context: constructing llama_context\n"
+    b"/src/ggml/src/ggml.c:1592: GGML_ASSERT(ctx->mem_buffer != NULL) failed\n"
+    b"0.00.100.100 E ggml_aligned_malloc: insufficient memory (attempted to allocate 5859.75 MB)\n"
+    b"ggml_print_backtrace: ...\n"
+)
+
+
+def test_ggml_init_assert_before_the_malloc_line_is_memory() -> None:
+    failure = classify(scan_text(TABLE, GGML_INIT_ASSERT), -signal.SIGABRT)
+    assert failure is not None and failure.memory and failure.kind == "alloc"
+    assert failure.signature_id == "ggml-init-no-memory"
+    assert failure.requested_bytes == round(5859.75 * 1024 * 1024)  # from the later line
+
+
+def test_other_asserts_are_generic_and_lose_to_an_alloc_line_anywhere() -> None:
+    assert_line = b"/src/ggml/src/ggml-cpu/ops.cpp:12: GGML_ASSERT(ne00 == ne01) failed\n"
+    alone = classify(scan_text(TABLE, assert_line), -signal.SIGABRT)
+    assert alone is not None and not alone.memory and alone.signature_id == "ggml-assert"
+    with_alloc = assert_line + b"E ggml_aligned_malloc: insufficient memory (attempted to allocate 10.00 MB)\n"
+    failure = classify(scan_text(TABLE, with_alloc), -signal.SIGABRT)
+    assert failure is not None and failure.memory and failure.signature_id == "cpu-aligned-malloc"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -66,6 +66,10 @@ if "stdout_to" in opts:
     fd = os.open(opts["stdout_to"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.close(fd)
+if opts.get("stdin_null"):
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
 tty_before = termios.tcgetattr(0) if os.isatty(0) else None
 watcher = (RaisingWatcher if opts.get("raise_in_watcher") else SignatureWatcher)(load_table())
 probe = probe_for(opts["probe"], argv, os.environ) if opts.get("probe") else None
@@ -125,6 +129,7 @@ if mode == "signals":  # log every forwardable signal; exit 0 on SIGTERM
     log(f"ready {os.getpid()}")
     while not done:
         time.sleep(0.02)
+    log("shutdown")
 elif mode == "tty":  # a terminal program: size on start and on SIGWINCH; cooked lines or raw bytes
     import fcntl, struct, termios, tty
     def size(*_):
@@ -462,40 +467,98 @@ def test_check_not_nested() -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_1_each_signal_reaches_the_child_exactly_once(scripts: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-wrapper", "to-its-group"])
+def test_1_each_signal_reaches_the_child_exactly_once(scripts: dict[str, Path], tmp_path: Path, to_group: bool) -> None:
+    """Sent to the wrapper's pid, or to its whole process group (`kill -SIG -PGID`): once either way."""
     log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
     argv = driver_argv(scripts, {"out": str(out)}, *fake(scripts, "signals", str(log)))
     sent = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM]
-    with spawned(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL) as proc:
-        child_pid(log)
+    with spawned(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True) as proc:
+        pid = child_pid(log)
+        assert os.getpgid(pid) == pid != os.getpgid(proc.pid)  # a group of its own
         for n, signo in enumerate(sent, start=1):
-            proc.send_signal(signo)
-            wait_for(lambda: len(log_lines(log)) == n + 1, what=f"{signo.name} logged")  # noqa: B023 - used at once
+            os.killpg(proc.pid, signo) if to_group else proc.send_signal(signo)
+            wait_for(lambda: len(log_lines(log)) >= n + 1, what=f"{signo.name} logged")  # noqa: B023 - used at once
         assert proc.wait(timeout=10) == 0
-    assert log_lines(log)[1:] == [s.name[3:] for s in sent]
+    assert log_lines(log)[1:] == [*(s.name[3:] for s in sent), "shutdown"]
     outcome = json.loads(out.read_text())
     assert outcome["signals_forwarded"] == [int(s) for s in sent]
     assert outcome["user_stop_signal"] == signal.SIGHUP  # the first stop request; never retried
     assert outcome["failure"] is None and outcome["retry"] is False
 
 
-def test_2_ctrl_c_in_pipe_mode_is_not_forwarded_again(scripts: dict[str, Path], tmp_path: Path) -> None:
-    # A terminal on stdin, stdout to a file: pipe mode, the child in our foreground process group.
+def test_2_ctrl_c_in_pipe_mode_reaches_the_child_once_from_the_terminal(
+    scripts: dict[str, Path], tmp_path: Path
+) -> None:
+    # A terminal on stdin, stdout to a file: pipe mode; the child's group holds the terminal's foreground,
+    # so ^C reaches it from the terminal, as it reaches a bare llama-cli, and the wrapper does not see it.
     log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
     opts = {"out": str(out), "stdout_to": str(tmp_path / "stdout")}
     with in_pty(driver_argv(scripts, opts, *fake(scripts, "signals", str(log)))) as term:
-        child_pid(log)
+        pid = child_pid(log)
+        assert os.getpgid(pid) == pid != os.getpgid(term.pid)
+        assert os.tcgetpgrp(term.child_fd) == pid
         term.sendintr()
         wait_for(lambda: "INT" in log_lines(log), what="INT logged")
         time.sleep(0.3)  # a double forward would show up by now
         term.kill(signal.SIGTERM)
         term.expect(pexpect.EOF)
         term.wait()
-    assert log_lines(log)[1:] == ["INT", "TERM"]
+    assert log_lines(log)[1:] == ["INT", "TERM", "shutdown"]
     outcome = json.loads(out.read_text())
     assert outcome["used_pty"] is False
     assert outcome["signals_forwarded"] == [signal.SIGTERM]
-    assert outcome["user_stop_signal"] == signal.SIGINT
+    assert outcome["user_stop_signal"] == signal.SIGTERM
+
+
+def test_2_ctrl_c_with_the_terminal_not_on_stdin_is_forwarded_once(scripts: dict[str, Path], tmp_path: Path) -> None:
+    # The terminal is only the controlling one: its ^C reaches the wrapper's group, the wrapper forwards it.
+    log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
+    opts = {"out": str(out), "stdout_to": str(tmp_path / "stdout"), "stdin_null": True}
+    with in_pty(driver_argv(scripts, opts, *fake(scripts, "signals", str(log)))) as term:
+        child_pid(log)
+        term.sendintr()
+        wait_for(lambda: "INT" in log_lines(log), what="INT logged")
+        time.sleep(0.3)
+        term.kill(signal.SIGTERM)
+        term.expect(pexpect.EOF)
+        term.wait()
+    assert log_lines(log)[1:] == ["INT", "TERM", "shutdown"]
+    outcome = json.loads(out.read_text())
+    assert outcome["signals_forwarded"] == [signal.SIGINT, signal.SIGTERM]
+    assert outcome["exit_code"] == 0
+
+
+def test_1_timeout_sends_one_sigterm(scripts: dict[str, Path], tmp_path: Path) -> None:
+    # coreutils timeout signals its child, then its whole process group: the child must get one.
+    log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
+    argv = [
+        "timeout",
+        "-s",
+        "TERM",
+        "1.5",
+        *driver_argv(scripts, {"out": str(out)}, *fake(scripts, "signals", str(log))),
+    ]
+    proc = subprocess.run(argv, env=driver_env(), stdin=subprocess.DEVNULL, timeout=30, check=False)
+    assert proc.returncode == 124  # timeout's own "timed out"
+    assert log_lines(log)[1:] == ["TERM", "shutdown"]
+    assert json.loads(out.read_text())["exit_code"] == 0
+
+
+def test_1_shell_job_kill_sends_one_sigterm(scripts: dict[str, Path], tmp_path: Path) -> None:
+    # bash's `kill %1` signals the job's process group.
+    log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
+    command = " ".join(
+        shlex.quote(a) for a in driver_argv(scripts, {"out": str(out)}, *fake(scripts, "signals", str(log)))
+    )
+    script = (
+        f"set -m; {command} </dev/null & "
+        f"for i in $(seq 200); do grep -q ready {shlex.quote(str(log))} 2>/dev/null && break; sleep 0.05; done; "
+        "kill %1; wait %1; echo rc=$?"
+    )
+    proc = subprocess.run(["bash", "-c", script], env=driver_env(), capture_output=True, timeout=30, check=False)
+    assert b"rc=0" in proc.stdout
+    assert log_lines(log)[1:] == ["TERM", "shutdown"]
 
 
 def test_2_ctrl_c_in_pty_mode_is_the_byte(scripts: dict[str, Path], tmp_path: Path) -> None:
@@ -921,6 +984,34 @@ def test_real_server_ready_by_health_and_sigterm_stops_it_cleanly(
     outcome = json.loads(out.read_text())
     assert outcome["ready"] is True and outcome["failure"] is None
     assert outcome["signals_forwarded"] == [signal.SIGTERM] and outcome["returncode"] == 0
+    _wait_port_closed(port, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sender", ["kill-pgid", "timeout"])
+def test_real_server_group_sigterm_is_one_clean_shutdown(
+    scripts: dict[str, Path], tmp_path: Path, llama_bin: Path, bundled_model: Path, sender: str
+) -> None:
+    """`kill -TERM -PGID` and `timeout` reach the wrapper's group: llama-server gets one SIGTERM, exits 0,
+    and never says "Received second interrupt"."""
+    out, port = tmp_path / "outcome.json", free_port()
+    server = [str(llama_bin / "llama-server"), "-m", str(bundled_model), "-c", "4096", "--port", str(port)]
+    argv = driver_argv(scripts, {"out": str(out), "probe": "server"}, *server)
+    if sender == "timeout":
+        argv = ["timeout", "-s", "TERM", "20", *argv]
+    with spawned(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 start_new_session=True) as proc:  # fmt: skip
+        stderr = proc.stderr
+        assert stderr is not None
+        wait_for(lambda: b"listening on" in stderr.readline(), timeout=60, what="server listening")
+        if sender == "kill-pgid":
+            os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == (124 if sender == "timeout" else 0)
+        rest = stderr.read()
+    assert b"second interrupt" not in rest
+    outcome = json.loads(out.read_text())
+    assert outcome["signals_forwarded"] == [signal.SIGTERM] and outcome["returncode"] == 0
+    assert outcome["exit_code"] == 0
     _wait_port_closed(port, 1)
 
 

@@ -76,6 +76,7 @@ def test_json_log_format() -> None:
     assert (record["level"], record["msg"], record["attempt"]) == ("warning", "planned", 2)
 
 
+@pytest.mark.slow
 def test_shell_aliases_and_completion() -> None:
     script = configs_dir() / "shell" / "safe-llama.sh"
     done = subprocess.run(
