@@ -179,6 +179,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
             user_ngl=user_ngl,
             floor=options.min_ctx,
             layout=prepared.layout,
+            user_env=env,
         )
         error = None
     except SafeLlamaError as err:

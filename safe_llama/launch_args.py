@@ -73,6 +73,10 @@ def split(argv: Sequence[str]) -> LaunchRequest | None:
     return None
 
 
+def _config_path(env: Mapping[str, str]) -> Any:
+    return config_dir(env) / "config.toml"
+
+
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
     try:
@@ -89,12 +93,23 @@ def _config(env: Mapping[str, str]) -> dict[str, Any]:
 
 def resolve(given: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
     """Command line over SAFE_LLAMA_* over the config file."""
-    out = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in _config(env).items()}
+    return resolve_sourced(given, env)[0]
+
+
+def resolve_sourced(given: Mapping[str, str], env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """resolve(), and where each setting not given as an option came from (SAFE_LLAMA_*, the config
+    file), so a reason can name it truthfully."""
+    config = _config(env)
+    out = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
+    origins = {k: f"{_config_path(env)} [launcher] {k}" for k in config}
     for key, var in ENV.items():
         if var in env and env[var] != "":
             out[key] = env[var]
+            origins[key] = var
     out.update(given)
-    return out
+    for key in given:
+        origins.pop(key, None)
+    return out, origins
 
 
 def _truthy(value: str | None, default: bool) -> bool:
@@ -103,7 +118,7 @@ def _truthy(value: str | None, default: bool) -> bool:
     return value.lower() not in ("0", "false", "no", "off")
 
 
-def launch_options(settings: Mapping[str, str]) -> Any:
+def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> Any:
     from safe_llama.cli import plan_options
     from safe_llama.launch import DEFAULT_ATTEMPTS, LaunchOptions
 
@@ -113,8 +128,9 @@ def launch_options(settings: Mapping[str, str]) -> Any:
         try:
             return int(settings[key])
         except ValueError:
+            where = (origins or {}).get(key, "--" + key.replace("_", "-"))
             raise SafeLlamaError(
-                f"safe-llama: {key}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
+                f"safe-llama: {where}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
             ) from None
 
     integrated = True if _truthy(settings.get("integrated"), False) else None
@@ -131,6 +147,7 @@ def launch_options(settings: Mapping[str, str]) -> Any:
         llama_bin=settings.get("bin_dir"),
         llama_version=settings.get("llama_version"),
         kv_split=None,
+        origins=origins,
     )
     attempts = number("attempts") or DEFAULT_ATTEMPTS
     if attempts < 1:

@@ -127,6 +127,12 @@ class Plan:
         return all(a.fits for a in self.allocations)
 
 
+def atoi(text: str) -> int:
+    """C's atoi (how ggml-openvino reads its switches): leading whitespace, sign, digits; 0 otherwise."""
+    found = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(found.group(1)) if found else 0
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split("-")[0].split("."):
@@ -430,18 +436,39 @@ def plan(
     user_ngl: int | None = None,
     floor: int | None = None,
     layout: Layout | None = None,
+    user_env: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS."""
+    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS.
+
+    `user_env`: the environment llama.cpp will inherit. What the user set there for stateful execution and
+    the NEO filter wins: never overwritten; GGML_OPENVINO_STATEFUL_EXECUTION=1 is where the plan starts
+    from, =0 takes the stateful step off the ladder."""
+    user_env = user_env or {}
     floor = policy.ctx_floor if floor is None else floor
     steps = list(ladder if ladder is not None else policy.ladder_for(target.backend, request.tool))
     settings = Settings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout())
     asked_ctx = _asked_ctx(request, facts)
     taken: list[Step] = []
     changes: dict[str, str | bool] = {}
-    env: dict[str, str] = dict(target.neo_filter)
+    env: dict[str, str] = {k: v for k, v in target.neo_filter.items() if k not in user_env}
     notes: list[str] = []
-    if target.neo_filter:
-        taken.append(Step("neo-filter", f"{len(target.neo_filter)} NEO variables so only the targeted GPU is visible"))
+    kept = sorted(k for k in target.neo_filter if k in user_env)
+    if kept:
+        notes.append(f"NEO filter: your {', '.join(f'{k}={user_env[k]}' for k in kept)} kept")
+    if env:
+        taken.append(Step("neo-filter", f"{len(env)} NEO variables so only the targeted GPU is visible"))
+    if STATEFUL_ENV in user_env:
+        steps = [s for s in steps if s != "stateful"]
+        if atoi(user_env[STATEFUL_ENV]) != 0 and target.backend == "openvino" and target.on_gpu:
+            settings = replace(settings, stateful=True)
+            extra = ""
+            if plan_kv(facts, settings.kv).context.n_seq_max != 1:
+                settings = replace(settings, kv=replace(settings.kv, n_parallel=1, kv_unified=None))
+                changes["--parallel"] = "1"
+                extra = ", one slot (-np 1) as it requires"
+            taken.append(Step("stateful", f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: KV in host RAM{extra}"))
+        else:
+            notes.append(f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: stateful execution stays as you set it")
     if target.address_space_budget and policy.malloc_arena_max and not target.malloc_arena_max_set:
         env["MALLOC_ARENA_MAX"] = str(policy.malloc_arena_max)
         taken.append(
