@@ -603,7 +603,7 @@ def target_from(
     sees this host's CPU, the profile's backend and GPU stand in for it (planning for another machine).
     """
     backend = device.backend
-    on_gpu = not device.on_host
+    on_gpu = not device.on_host and backend != "unknown"  # no binary to ask: plan for the host
     integrated = bool(device.integrated.value) if device.integrated is not None else False
     if profile is not None and device.on_host and profile.backend not in (None, "cpu"):
         backend = str(profile.backend)
