@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from safe_llama.errors import SafeLlamaError
 from safe_llama.launch_args import resolve
 from safe_llama.llama_args import parse
+from safe_llama.proc import GUARD_ENV
 
 
 def loads_no_model(tool: str, args: Sequence[str], env: Mapping[str, str]) -> bool:
@@ -21,8 +22,8 @@ def loads_no_model(tool: str, args: Sequence[str], env: Mapping[str, str]) -> bo
 def exec_if_no_model(tool: str, args: Sequence[str], env: Mapping[str, str], given: Mapping[str, str]) -> None:
     """Replace this process with the real binary when llama.cpp will load no model; return otherwise
     (also when the binary cannot be found: the launch path then says why)."""
-    if not loads_no_model(tool, args, env):
-        return
+    if GUARD_ENV in env or not loads_no_model(tool, args, env):
+        return  # started by safe-llama in place of llama.cpp: the launch path refuses the loop
     from safe_llama.binaries import find_binary
 
     try:
