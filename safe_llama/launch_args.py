@@ -7,10 +7,8 @@ Pure but for reading the config file.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import config_dir
@@ -38,8 +36,7 @@ ENV = {name: f"SAFE_LLAMA_{name.upper()}" for name, _ in OPTIONS.values()}
 ENV["bin_dir"] = "SAFE_LLAMA_BIN_DIR"
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
+class LaunchRequest(NamedTuple):  # not a dataclass: this runs before every pass-through exec
     tool: str
     args: tuple[str, ...]
     settings: Mapping[str, str]
@@ -80,9 +77,15 @@ def _config_path(env: Mapping[str, str]) -> Any:
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return {}
+    except OSError as err:
+        raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+    import tomllib  # only with a config file: the pass-through path stays light
+
+    try:
+        raw = tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
     launcher = raw.get("launcher", {})

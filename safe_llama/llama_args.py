@@ -2,6 +2,8 @@
 
 Owns the option table (configs/llama-args.json, extracted from the pinned common/arg.cpp), LLAMA_ARG_*
 environment twins, and argv rewriting. Pure: takes argv and env as values; must not run anything.
+Values are NamedTuples, not dataclasses: this module runs before every pass-through exec, and importing
+dataclasses (inspect with it) costs more than the whole parse.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from safe_llama.paths import configs_dir
 
@@ -33,8 +35,7 @@ CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_
 _FALSY = {"0", "false", "off", "disabled"}
 
 
-@dataclass(frozen=True)
-class OptionSpec:
+class OptionSpec(NamedTuple):
     names: tuple[str, ...]
     negative: tuple[str, ...]
     kind: str  # flag | bool | value | value2
@@ -55,8 +56,7 @@ class OptionSpec:
         return example in self.examples or "common" in self.examples
 
 
-@dataclass(frozen=True)
-class ArgTable:
+class ArgTable(NamedTuple):
     by_name: Mapping[str, tuple[OptionSpec, bool]]  # name -> (spec, is_positive)
     specs: tuple[OptionSpec, ...]
 
@@ -135,8 +135,7 @@ def stof(text: str) -> float:
     return value
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One option's effective value and where it came from."""
 
     key: str
@@ -145,13 +144,12 @@ class Setting:
     argv_index: int | None = None  # index of the option name in argv (last occurrence)
 
 
-@dataclass(frozen=True)
-class CommandLine:
+class CommandLine(NamedTuple):
     tool: str
     argv: tuple[str, ...]
     settings: Mapping[str, Setting]
     unknown: tuple[str, ...] = ()  # options llama.cpp will reject; passed through untouched
-    env_overridden: tuple[str, ...] = field(default=())  # env twins a flag on argv beats
+    env_overridden: tuple[str, ...] = ()  # env twins a flag on argv beats
     usage_errors: tuple[str, ...] = ()  # what makes llama.cpp's parser print usage and exit 1
 
     @property

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from safe_llama.errors import SafeLlamaError
 from safe_llama.launch_args import resolve
 from safe_llama.llama_args import parse
-from safe_llama.proc import GUARD_ENV
+
+GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"  # proc.GUARD_ENV, not imported: proc pulls in subprocess
 
 
 def loads_no_model(tool: str, args: Sequence[str], env: Mapping[str, str]) -> bool:
