@@ -2,6 +2,6 @@
 
 import sys
 
-from safe_llama.cli import main
+from safe_llama.entry import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -107,6 +107,7 @@ def plan_options(
     llama_bin: str | None,
     llama_version: str | None,
     kv_split: bool | None,
+    origins: Mapping[str, str] | None = None,
 ) -> PlanOptions:
     from safe_llama.commands import PlanOptions
     from safe_llama.devices import declared_limits
@@ -124,7 +125,7 @@ def plan_options(
         raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
     declared = declared_limits(
         profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
-        host_memory=host_memory,
+        host_memory=host_memory, origins=origins,
     )  # fmt: skip
     return PlanOptions(
         ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
@@ -149,13 +150,20 @@ def plan(
     kv_split: KvSplitOpt = None,
 ) -> None:
     """Show what llama.cpp will allocate for a command line, and the settings that fit."""
-    from safe_llama import commands
+    from dataclasses import replace
 
-    options = plan_options(
-        ladder=ladder, min_ctx=min_ctx, profile=profile, max_alloc=max_alloc, device_memory=device_memory,
-        integrated=integrated, host_memory=host_memory, llama_bin=llama_bin, llama_version=llama_version,
-        kv_split=kv_split,
-    )  # fmt: skip
+    from safe_llama import commands, launch_args
+
+    # the same resolution as the launch: these options over SAFE_LLAMA_* over the config file
+    typed = {
+        "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
+        "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
+        "llama_version": llama_version,
+        "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
+    }  # fmt: skip
+    given = {k: v for k, v in typed.items() if v is not None}
+    settings, origins = launch_args.resolve_sourced(given, os.environ)
+    options = replace(launch_args.launch_options(settings, origins).plan, kv_split=kv_split)
     code = commands.plan_command(tool=_check_tool(tool), args=list(args or []), json_out=json_out, options=options)
     if code:
         raise typer.Exit(code)
@@ -290,9 +298,11 @@ def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
     import os
 
     from safe_llama import launch, launch_args
+    from safe_llama.passthrough import exec_if_no_model
 
-    settings = launch_args.resolve(given, os.environ)
-    return launch.run(tool, args, os.environ, launch_args.launch_options(settings))
+    exec_if_no_model(tool, args, os.environ, given)  # help, version, usage errors: llama.cpp's own
+    settings, origins = launch_args.resolve_sourced(given, os.environ)
+    return launch.run(tool, args, os.environ, launch_args.launch_options(settings, origins))
 
 
 def _drop_in(tool: str, argv: list[str] | None) -> int:

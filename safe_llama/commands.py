@@ -14,15 +14,28 @@ from pathlib import Path
 
 from safe_llama import render
 from safe_llama.device_map import DeclaredLimits
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.facts_cache import facts_for
-from safe_llama.kv import plan_kv
-from safe_llama.llama_args import CommandLine, parse, rewrite
+from safe_llama.kv import KvPlan, plan_kv
+from safe_llama.llama_args import CommandLine, parse, redact_argv, rewrite
 from safe_llama.model_facts import ModelFacts
+from safe_llama.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.paths import config_dir, configs_dir
-from safe_llama.planner import Plan, Target, plan, target_from, with_learned
+from safe_llama.planner import (
+    Draft,
+    Layout,
+    Override,
+    Plan,
+    Settings,
+    Target,
+    memory_by_place,
+    plan,
+    target_from,
+    with_learned,
+)
 from safe_llama.policy import load_policy
 from safe_llama.request import Request, to_request
+from safe_llama.units import human
 
 
 @dataclass(frozen=True)
@@ -49,14 +62,67 @@ class Prepared:
     binary: Path | None
     plan: Plan | None
     error: SafeLlamaError | None  # NOTHING_FITS
+    source: ModelSource | None = None  # None: no source given, the bundled model
+    layout: Layout = field(default_factory=Layout)
+    notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
 
 
-def model_path_for(model: str | None, env: Mapping[str, str]) -> str:
-    if model is not None:
-        return model
+def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
+    """The file to plan on: the source's, never the bundled model when a source is given."""
+    if source is not None:
+        if source.path is None:
+            raise ModelNotOnDisk(
+                f"safe-llama: {source.spec} is not downloaded yet ({source.where}): llama.cpp downloads it and "
+                "fits it itself on this start; the plan is exact from the next start"
+            )
+        return source.path
     from safe_llama.bundled import bundled_model_path
 
     return str(bundled_model_path(env))
+
+
+def _file_size(path: str | None) -> int:
+    try:
+        return os.stat(path).st_size if path else 0
+    except OSError:
+        return 0
+
+
+def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str]) -> tuple[Layout, tuple[str, ...]]:
+    """The request's memory options with the files they name read (draft facts, projector size)."""
+    notes: list[str] = []
+    draft = None
+    if req.draft is not None:
+        draft_path = req.draft.model
+        if req.draft.hf_repo:
+            found = resolve_hf(req.draft.hf_repo, None, req.cmd.tool, env, mmproj=False)
+            draft_path = found.path
+            if found.path is None:
+                notes.append(f"draft model {req.draft.hf_repo} is not downloaded yet: planned without it")
+        if draft_path:
+            ngl = req.draft.n_gpu_layers
+            draft = Draft(
+                facts=facts_for(draft_path, env),
+                n_gpu_layers=None if ngl < 0 else ngl,
+                type_k=req.draft.type_k,
+                type_v=req.draft.type_v,
+                overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.draft.overrides),
+            )
+    mmproj = req.mmproj or (source.mmproj if source is not None else None)
+    layout = Layout(
+        kv_offload=req.kv_offload,
+        overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides),
+        devices=req.devices,
+        split_mode=req.split_mode,
+        tensor_split=req.tensor_split,
+        main_gpu=req.main_gpu,
+        mmproj_bytes=_file_size(mmproj),
+        mmproj_offload=req.mmproj_offload,
+        prompt_cache_mib=req.cache_ram_mib,
+        load_mode=req.load_mode,
+        draft=draft,
+    )
+    return layout, tuple(notes)
 
 
 def prepare(
@@ -69,8 +135,10 @@ def prepare(
 
     cmd = parse(tool, args, env)
     req = to_request(cmd)
-    path = model_path_for(req.model_path, env)
+    source = resolve(cmd, env)
+    path = model_path_for(source, env)
     facts = facts_for(path, env)
+    layout, notes = layout_for(req, source, env)
     try:
         binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
     except SafeLlamaError:
@@ -87,7 +155,8 @@ def prepare(
         kv_split=options.kv_split,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
-    return replan(Prepared(cmd, req, path, facts, target, binary, None, None), options, env)
+    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes)
+    return replan(prepared, options, env)
 
 
 def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> Prepared:
@@ -109,6 +178,8 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
             user_fit_set=cmd.get("--fit") is not None,
             user_ngl=user_ngl,
             floor=options.min_ctx,
+            layout=prepared.layout,
+            user_env=env,
         )
         error = None
     except SafeLlamaError as err:
@@ -121,9 +192,45 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
 def final_argv(prepared: Prepared) -> list[str]:
     """The tool's argv as the plan launches it: the user's, with the plan's explicit changes."""
     changes = dict(prepared.plan.argv_changes) if prepared.plan else {}
-    if prepared.request.model_path is None:
+    if prepared.source is None:  # no source at all: the bundled model, named explicitly
         changes["--model"] = prepared.model_path
     return rewrite(prepared.cmd, changes)
+
+
+def context_note(facts: ModelFacts, kv: KvPlan, tool: str) -> str | None:
+    """One line when the context per sequence is above the trained context."""
+    ctx = kv.context
+    train = facts.context_length
+    if not train or ctx.n_ctx_seq <= train:
+        return None
+    extra = kv.total_bytes - kv.total_bytes * train // max(ctx.n_ctx_seq, 1)
+    what = (
+        f"llama-server caps each slot at {train} tokens"
+        if tool == "server"
+        else f"llama.cpp warns of a training context overflow past {train} tokens"
+    )
+    return (
+        f"context {ctx.n_ctx_seq} per sequence is above the model's trained context {train}: {what}; "
+        f"the {ctx.n_ctx_seq - train} extra cells cost about {human(extra)} of KV"
+    )
+
+
+def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:
+    return {
+        "tool": tool,
+        "model": {"path": None, "bundled": False, "source": _source_json(source), "downloaded": False},
+        "fits": None,
+        "decision": {"steps": [], "reasons": [message], "argv": redact_argv(list(args)), "env": {}, "changed": []},
+        "memory": None,
+        "notes": [message],
+    }
+
+
+def _source_json(source: ModelSource | None) -> dict[str, object] | None:
+    if source is None:
+        return None
+    return {"kind": source.kind, "spec": source.spec, "path": source.path, "where": source.where,
+            "mmproj": source.mmproj}  # fmt: skip
 
 
 def plan_command(
@@ -135,16 +242,35 @@ def plan_command(
     unusable = check_cache(cache_dir(env))
     if unusable is not None:
         sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
-    prepared = prepare(tool, args, env, options)
+    try:
+        prepared = prepare(tool, args, env, options)
+    except ModelNotOnDisk as missing:
+        source = resolve(parse(tool, args, env), env)
+        assert source is not None
+        message = missing.message.removeprefix("safe-llama: ")
+        if json_out:
+            sys.stdout.write(json.dumps(not_on_disk_result(tool, args, source, message), indent=1) + "\n")
+        else:
+            sys.stdout.write(f"model   {source.spec} (not downloaded yet)\nnote: {message}\n")
+        return 0
     kv = prepared.plan.kv if prepared.plan else plan_kv(prepared.facts, prepared.request.kv)
     result = render.plan_result(
         tool=tool,
         model_path=prepared.model_path,
         facts=prepared.facts,
         kv=kv,
-        bundled=prepared.request.model_path is None,
+        bundled=prepared.source is None,
     )
+    result["model"]["source"] = _source_json(prepared.source)
+    result["model"]["downloaded"] = True
+    extra = list(prepared.notes)
+    note = context_note(prepared.facts, kv, tool)
+    if note:
+        extra.append(note)
+    result["notes"] = list(result["notes"]) + extra
     result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
+    settings = prepared.plan.settings if prepared.plan else Settings(kv=prepared.request.kv, layout=prepared.layout)
+    result["memory"] = memory_by_place(prepared.facts, settings, prepared.target)
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     else:

@@ -55,6 +55,10 @@ class DeclaredLimits:
     memory_bytes: int | None = None
     integrated: bool | None = None
     host_memory_bytes: int | None = None  # the host budget, e.g. when planning for another machine
+    origins: tuple[tuple[str, str], ...] = ()  # (setting, where it was set) when not its own option
+
+    def origin(self, setting: str, option: str) -> str:
+        return dict(self.origins).get(setting, option)
 
 
 NOTHING_DECLARED = DeclaredLimits()
@@ -214,7 +218,7 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
         rlimit = Sourced(host.rlimit_as, "probed", "RLIMIT_AS (ulimit -v) of the whole llama.cpp process")
         candidates.append(rlimit)
     if declared.host_memory_bytes is not None:
-        budget = Sourced(declared.host_memory_bytes, "declared", "--host-memory")
+        budget = Sourced(declared.host_memory_bytes, "declared", declared.origin("host_memory", "--host-memory"))
     else:
         budget = min(candidates, key=lambda s: s.value)
     return HostBudget(
@@ -500,7 +504,7 @@ def _max_alloc(
 ) -> tuple[bool, Sourced[int] | None]:
     """Whether a per-allocation limit applies, and its value."""
     if declared.max_alloc_bytes is not None:
-        return True, Sourced(declared.max_alloc_bytes, "declared", "--max-alloc")
+        return True, Sourced(declared.max_alloc_bytes, "declared", declared.origin("max_alloc", "--max-alloc"))
     if profile is not None and profile.max_alloc_bytes is not None:
         return True, Sourced(profile.max_alloc_bytes, "profile", profile.path)
     if rule is None or rule.alloc_limit == "none":
@@ -524,11 +528,15 @@ def _memory(
     matched: DeviceProfile | None,
 ) -> Sourced[int] | None:
     if declared.memory_bytes is not None:
-        return Sourced(declared.memory_bytes, "declared", "--device-memory")
+        return Sourced(declared.memory_bytes, "declared", declared.origin("device_memory", "--device-memory"))
     if profile is not None and profile.memory_bytes is not None:
         return Sourced(profile.memory_bytes, "profile", profile.path)
     if on_host and declared.host_memory_bytes is not None:
-        return Sourced(declared.host_memory_bytes, "declared", "--host-memory (the device is the host)")
+        return Sourced(
+            declared.host_memory_bytes,
+            "declared",
+            f"{declared.origin('host_memory', '--host-memory')} (the device is the host)",
+        )
     if choice.llama is not None:
         detail = f"llama.cpp --list-devices total of {choice.llama.name}"
         return Sourced(choice.llama.total_bytes, "probed", detail)
@@ -555,7 +563,7 @@ def _integrated(
 ) -> Sourced[bool] | None:
     """Integrated or discrete; None for the host CPU itself, or when nothing says."""
     if declared.integrated is not None:
-        return Sourced(declared.integrated, "declared", "--integrated/--discrete")
+        return Sourced(declared.integrated, "declared", declared.origin("integrated", "--integrated/--discrete"))
     if profile is not None and profile.integrated is not None:
         return Sourced(profile.integrated, "profile", profile.path)
     if on_host:

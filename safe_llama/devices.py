@@ -441,12 +441,16 @@ def declared_limits(
     device_memory: str | None = None,
     integrated: bool | None = None,
     host_memory: str | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> DeclaredLimits:
-    """DeclaredLimits from command-line text; a bad size is a usage error naming the option."""
+    """DeclaredLimits from command-line text; a bad size is a usage error naming where it was set
+    (`origins`: setting name -> SAFE_LLAMA_* or the config file, when not its option)."""
+    where = dict(origins or {})
 
     def size(option: str, text: str | None) -> int | None:
         if text is None:
             return None
+        option = where.get(option.removeprefix("--").replace("-", "_"), option)
         try:
             value = parse_bytes(text)
         except ValueError as err:
@@ -461,6 +465,7 @@ def declared_limits(
         memory_bytes=size("--device-memory", device_memory),
         integrated=integrated,
         host_memory_bytes=size("--host-memory", host_memory),
+        origins=tuple(sorted(where.items())),
     )
 
 

@@ -38,3 +38,11 @@ class SafeLlamaError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ModelNotOnDisk(SafeLlamaError):
+    """A model source (-hf, -mu, -dr) llama.cpp has not downloaded yet: nothing to plan from; llama.cpp
+    downloads it and fits it itself on this start."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ExitStatus.BAD_MODEL)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from safe_llama.binaries import find_binary
 from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare, replan
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.llama_args import redact_argv
 from safe_llama.paths import cache_dir
 from safe_llama.say import Say
@@ -78,6 +78,9 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
     plan_options = options.plan
     try:
         prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
+    except ModelNotOnDisk as missing:  # llama.cpp downloads it; its own fitting stays on
+        say(missing.message.removeprefix("safe-llama: "))
+        prepared = None
     except SafeLlamaError as err:
         if err.status not in (ExitStatus.USAGE,):
             raise

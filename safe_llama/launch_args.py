@@ -7,10 +7,8 @@ Pure but for reading the config file.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import config_dir
@@ -54,8 +52,7 @@ ENV = {name: f"SAFE_LLAMA_{name.upper()}" for name, _ in OPTIONS.values()}
 ENV["bin_dir"] = "SAFE_LLAMA_BIN_DIR"
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
+class LaunchRequest(NamedTuple):  # not a dataclass: this runs before every pass-through exec
     tool: str
     args: tuple[str, ...]
     settings: Mapping[str, str]
@@ -116,13 +113,23 @@ def _check_launcher(path: object, launcher: Mapping[str, Any]) -> None:
             raise SafeLlamaError(f"{where}: {value!r} is not {want}", ExitStatus.BAD_CONFIG)
 
 
+def _config_path(env: Mapping[str, str]) -> Any:
+    return config_dir(env) / "config.toml"
+
+
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError) as err:
+        raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+    import tomllib  # only with a config file: the pass-through path stays light
+
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
     for table, value in raw.items():
         if table not in TABLES:
@@ -139,12 +146,23 @@ def _config(env: Mapping[str, str]) -> dict[str, Any]:
 
 def resolve(given: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
     """Command line over SAFE_LLAMA_* over the config file."""
-    out = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in _config(env).items()}
+    return resolve_sourced(given, env)[0]
+
+
+def resolve_sourced(given: Mapping[str, str], env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """resolve(), and where each setting not given as an option came from (SAFE_LLAMA_*, the config
+    file), so a reason can name it truthfully."""
+    config = _config(env)
+    out = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
+    origins = {k: f"{_config_path(env)} [launcher] {k}" for k in config}
     for key, var in ENV.items():
         if var in env and env[var] != "":
             out[key] = env[var]
+            origins[key] = var
     out.update(given)
-    return out
+    for key in given:
+        origins.pop(key, None)
+    return out, origins
 
 
 def _truthy(value: str | None, default: bool) -> bool:
@@ -153,7 +171,7 @@ def _truthy(value: str | None, default: bool) -> bool:
     return value.lower() not in ("0", "false", "no", "off")
 
 
-def launch_options(settings: Mapping[str, str]) -> Any:
+def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> Any:
     from safe_llama.cli import plan_options
     from safe_llama.launch import DEFAULT_ATTEMPTS, LaunchOptions
 
@@ -163,8 +181,9 @@ def launch_options(settings: Mapping[str, str]) -> Any:
         try:
             return int(settings[key])
         except ValueError:
+            where = (origins or {}).get(key, "--" + key.replace("_", "-"))
             raise SafeLlamaError(
-                f"safe-llama: {key}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
+                f"safe-llama: {where}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
             ) from None
 
     integrated = True if _truthy(settings.get("integrated"), False) else None
@@ -181,6 +200,7 @@ def launch_options(settings: Mapping[str, str]) -> Any:
         llama_bin=settings.get("bin_dir"),
         llama_version=settings.get("llama_version"),
         kv_split=None,
+        origins=origins,
     )
     attempts = number("attempts")
     if attempts is None:

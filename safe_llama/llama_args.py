@@ -2,15 +2,19 @@
 
 Owns the option table (configs/llama-args.json, extracted from the pinned common/arg.cpp), LLAMA_ARG_*
 environment twins, and argv rewriting. Pure: takes argv and env as values; must not run anything.
+Values are NamedTuples, not dataclasses: this module runs before every pass-through exec, and importing
+dataclasses (inspect with it) costs more than the whole parse.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from safe_llama.paths import configs_dir
 
@@ -21,19 +25,24 @@ TOOL_EXAMPLE = {"cli": "cli", "server": "server", "completion": "completion"}
 SECRET_OPTIONS = frozenset({"--api-key", "--api-key-file", "--ssl-key-file", "--hf-token"})
 SECRET_ENV = frozenset({"LLAMA_API_KEY", "HF_TOKEN", "LLAMA_ARG_HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 REDACTED = "<redacted>"
+# Options llama.cpp answers without loading a model (canonical keys).
+NO_MODEL_OPTIONS = ("--help", "--version", "--list-devices", "--completion-bash", "--cache-list")
 
-_TRUTHY = {"1", "true", "on", "yes", "enabled"}
-_FALSY = {"0", "false", "off", "no", "disabled"}
+# common_arg_utils::is_truthy / is_falsey: exact, case-sensitive spellings
+_TRUTHY = {"1", "true", "on", "enabled"}
+# kv_cache_types in common/arg.cpp, matched case-sensitively against ggml_type_name
+CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+_FALSY = {"0", "false", "off", "disabled"}
 
 
-@dataclass(frozen=True)
-class OptionSpec:
+class OptionSpec(NamedTuple):
     names: tuple[str, ...]
     negative: tuple[str, ...]
     kind: str  # flag | bool | value | value2
     env: str | None
     examples: frozenset[str]
     excludes: frozenset[str]
+    value_type: str | None = None  # value options: "int" (the parser applies std::stoi) or "string"
 
     @property
     def key(self) -> str:
@@ -47,8 +56,7 @@ class OptionSpec:
         return example in self.examples or "common" in self.examples
 
 
-@dataclass(frozen=True)
-class ArgTable:
+class ArgTable(NamedTuple):
     by_name: Mapping[str, tuple[OptionSpec, bool]]  # name -> (spec, is_positive)
     specs: tuple[OptionSpec, ...]
 
@@ -67,6 +75,7 @@ def arg_table(tool: str, path: Path | None = None) -> ArgTable:
             env=item["env"],
             examples=frozenset(item["examples"]),
             excludes=frozenset(item["excludes"]),
+            value_type=item.get("value_type"),
         )
         if not spec.applies_to(tool):
             continue
@@ -78,8 +87,55 @@ def arg_table(tool: str, path: Path | None = None) -> ArgTable:
     return ArgTable(by_name=by_name, specs=tuple(specs))
 
 
-@dataclass(frozen=True)
-class Setting:
+# C's isspace in the "C" locale: what strtol/strtof skip before a number.
+_C_SPACE = " \t\n\v\f\r"
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+    r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    r"|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
+    re.IGNORECASE,
+)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38
+
+
+def stoi(text: str) -> int:
+    """std::stoi: base 10 after C whitespace and a sign, trailing text ignored ("0x10" is 0, "08" is 8,
+    "4_096" is 4); ValueError where llama.cpp throws (no digits, outside int)."""
+    found = _INT_RE.match(text.lstrip(_C_SPACE))
+    if found is None:
+        raise ValueError(f"stoi: no conversion of {text!r}")
+    value = int(found.group(0))
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"stoi: {text!r} is out of range")
+    return value
+
+
+def stof(text: str) -> float:
+    """std::stof (strtof): decimal or hex floats, inf, nan, trailing text ignored; ValueError where
+    llama.cpp throws (no conversion, or ERANGE: overflow, or underflow below the smallest normal)."""
+    found = _FLOAT_RE.match(text.lstrip(_C_SPACE))
+    if found is None:
+        raise ValueError(f"stof: no conversion of {text!r}")
+    body = found.group(0)
+    bare = body.lstrip("+-").lower()
+    if bare.startswith("0x"):
+        mantissa, _, exponent = bare[2:].partition("p")
+        whole, _, frac = mantissa.partition(".")
+        digits = int((whole + frac) or "0", 16)
+        value = math.ldexp(digits, int(exponent or "0") - 4 * len(frac))
+    else:
+        value = float(bare.split("(")[0])
+    if body.startswith("-"):
+        value = -value
+    if math.isfinite(value) and (abs(value) > FLT_MAX or (value != 0 and abs(value) < FLT_MIN)):
+        raise ValueError(f"stof: {text!r} is out of range")
+    return value
+
+
+class Setting(NamedTuple):
     """One option's effective value and where it came from."""
 
     key: str
@@ -88,13 +144,18 @@ class Setting:
     argv_index: int | None = None  # index of the option name in argv (last occurrence)
 
 
-@dataclass(frozen=True)
-class CommandLine:
+class CommandLine(NamedTuple):
     tool: str
     argv: tuple[str, ...]
     settings: Mapping[str, Setting]
     unknown: tuple[str, ...] = ()  # options llama.cpp will reject; passed through untouched
-    env_overridden: tuple[str, ...] = field(default=())  # env twins a flag on argv beats
+    env_overridden: tuple[str, ...] = ()  # env twins a flag on argv beats
+    usage_errors: tuple[str, ...] = ()  # what makes llama.cpp's parser print usage and exit 1
+
+    @property
+    def loads_no_model(self) -> bool:
+        """llama.cpp answers from its parser alone: help, version, device list, completion, or a usage error."""
+        return bool(self.usage_errors) or any(key in self.settings for key in NO_MODEL_OPTIONS)
 
     def get(self, key: str) -> Setting | None:
         return self.settings.get(key)
@@ -119,9 +180,9 @@ def _env_value(spec: OptionSpec, env: Mapping[str, str]) -> tuple[str | bool, st
         return None
     raw = env[spec.env]
     if spec.kind == "flag":
-        return (raw.lower() in _TRUTHY), spec.env
+        return (raw in _TRUTHY), spec.env
     if spec.kind == "bool":
-        return (raw.lower() not in _FALSY), spec.env
+        return (raw in _TRUTHY) if raw in (_TRUTHY | _FALSY) else raw, spec.env
     return raw, spec.env
 
 
@@ -129,10 +190,14 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
     """Read argv and the LLAMA_ARG_* environment the way llama.cpp's common_params_parse does."""
     table = table or arg_table(tool)
     settings: dict[str, Setting] = {}
+    errors: list[str] = []
     for spec in table.specs:
         found = _env_value(spec, env)
         if found is not None:
             settings[spec.key] = Setting(spec.key, found[0], found[1])
+            problem = _value_error(spec, found[0])
+            if problem:
+                errors.append(f"{found[1]}: {problem}")
     unknown: list[str] = []
     overridden: list[str] = []
     i = 0
@@ -141,6 +206,7 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
         entry = table.by_name.get(name)
         if entry is None:
             unknown.append(argv[i])
+            errors.append(f"invalid argument: {argv[i]}")
             i += 1
             continue
         spec, positive = entry
@@ -153,18 +219,74 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
         elif spec.kind == "value":
             if i + 1 >= len(argv):
                 unknown.append(argv[i])
+                errors.append(f"{argv[i]}: expected a value")
                 break
             value = argv[i + 1]
+            problem = _value_error(spec, value)
+            if problem:
+                errors.append(f"{argv[i]}: {problem}")
             step = 2
         else:
             if i + 2 >= len(argv):
                 unknown.append(argv[i])
+                errors.append(f"{argv[i]}: expected two values")
                 break
             value = (argv[i + 1], argv[i + 2])
             step = 3
         settings[spec.key] = Setting(spec.key, value, "argv", i)
         i += step
-    return CommandLine(tool, tuple(argv), settings, tuple(unknown), tuple(overridden))
+    return CommandLine(tool, tuple(argv), settings, tuple(unknown), tuple(overridden), tuple(errors))
+
+
+def read_gpu_layers(value: str) -> int:
+    """-ngl / -ngld: 'auto' is -1, 'all' is -2, else std::stoi."""
+    return {"auto": -1, "all": -2}.get(value) or stoi(value)
+
+
+def read_tensor_split(value: str) -> tuple[float, ...]:
+    """-ts: proportions split on runs of ',' and '/', each read with std::stof."""
+    return tuple(stof(part) for part in re.split(r"[,/]+", value))
+
+
+def _one_of(*names: str) -> Callable[[str], object]:
+    def check(value: str) -> object:
+        if value not in names:
+            raise ValueError("invalid value")
+        return value
+
+    return check
+
+
+# String options whose handler reads the value itself and throws on a bad one (common/arg.cpp).
+_STRING_READERS: dict[str, Callable[[str], object]] = {
+    "--gpu-layers": read_gpu_layers,
+    "--spec-draft-ngl": read_gpu_layers,
+    "--tensor-split": read_tensor_split,
+    "--split-mode": _one_of("none", "layer", "row", "tensor"),
+    "--flash-attn": _one_of(*sorted(_TRUTHY | _FALSY | {"auto", "-1"})),
+    "--cache-type-k": _one_of(*CACHE_TYPE_NAMES),
+    "--cache-type-v": _one_of(*CACHE_TYPE_NAMES),
+    "--spec-draft-type-k": _one_of(*CACHE_TYPE_NAMES),
+    "--spec-draft-type-v": _one_of(*CACHE_TYPE_NAMES),
+    "--load-mode": _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
+}
+
+
+def _value_error(spec: OptionSpec, value: str | bool | tuple[str, str]) -> str | None:
+    """Why llama.cpp's parser rejects this value (an int option's std::stoi, a string handler's own
+    reading), or None."""
+    if isinstance(value, str) and spec.kind == "bool":
+        return f"invalid boolean value {value!r}"  # parse_bool_value on an environment twin
+    if not isinstance(value, str) or spec.kind != "value":
+        return None
+    reader = stoi if spec.value_type == "int" else _STRING_READERS.get(spec.key)
+    if reader is None:
+        return None
+    try:
+        reader(value)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def rewrite(cmd: CommandLine, changes: Mapping[str, str | bool], table: ArgTable | None = None) -> list[str]:

@@ -24,7 +24,7 @@ from safe_llama.gguf_header import (
 )
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
-FACTS_SCHEMA = 1  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
+FACTS_SCHEMA = 2  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
 
 Memory = Literal["kv", "none", "recurrent", "hybrid"]
 SwaType = Literal["none", "standard", "chunked", "symmetric"]
@@ -187,6 +187,7 @@ class ModelFacts:
     weight_bytes_per_layer: tuple[int, ...]  # tensors named blk.{il}.*
     other_weight_bytes: int  # token_embd, output, norms outside the blocks
     notes: tuple[str, ...]
+    tensors: tuple[tuple[str, int], ...] = ()  # (name, bytes) of every tensor: where -ot / -ncmoe put them
 
     @property
     def is_swa_model(self) -> bool:
@@ -555,6 +556,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         weight_bytes_per_layer=tuple(layer_bytes),
         other_weight_bytes=other_bytes,
         notes=tuple(notes),
+        tensors=tuple((t.name, t.n_bytes) for t in header.tensors),
     )
 
 
@@ -598,6 +600,7 @@ def facts_to_json(facts: ModelFacts) -> dict[str, Any]:
         "weight_bytes_per_layer": list(facts.weight_bytes_per_layer),
         "other_weight_bytes": facts.other_weight_bytes,
         "notes": list(facts.notes),
+        "tensors": [[name, size] for name, size in facts.tensors],
     }
 
 
@@ -659,4 +662,15 @@ def facts_from_json(d: Mapping[str, Any]) -> ModelFacts:
         weight_bytes_per_layer=_ints(d, "weight_bytes_per_layer"),
         other_weight_bytes=_field(d, "other_weight_bytes", _is_int),
         notes=tuple(_field(d, "notes", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))),
+        tensors=tuple(
+            (name, size)
+            for name, size in _field(
+                d,
+                "tensors",
+                lambda v: (
+                    isinstance(v, list)
+                    and all(isinstance(t, list) and len(t) == 2 and isinstance(t[0], str) and _is_int(t[1]) for t in v)
+                ),
+            )
+        ),
     )

@@ -7,6 +7,7 @@ down the degrade ladder. Pure: every input is a value (facts, target, policy); i
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -17,6 +18,7 @@ from safe_llama.model_facts import ModelFacts
 from safe_llama.policy import Policy
 from safe_llama.units import human
 
+MIB = 1024 * 1024
 GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
 STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
 _TYPE_ORDER = {
@@ -56,10 +58,51 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Override:
+    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
+
+    pattern: str
+    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
+
+    @property
+    def to_host(self) -> bool:
+        return self.buffer_type.upper().startswith("CPU")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A second model loaded beside the main one (-md / -hfd): weights and a KV of the same context."""
+
+    facts: ModelFacts
+    n_gpu_layers: int | None  # None: all
+    type_k: str = "f16"
+    type_v: str = "f16"
+    overrides: tuple[Override, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The command line's memory options that are not the KV request: where things live."""
+
+    kv_offload: bool = True  # False (-nkvo): the KV stays in host RAM
+    overrides: tuple[Override, ...] = ()
+    devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
+    split_mode: str = "layer"  # none: everything on the main GPU
+    tensor_split: tuple[float, ...] = ()  # -ts proportions, per device
+    main_gpu: int = 0
+    mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
+    mmproj_offload: bool = True
+    prompt_cache_mib: int = 0  # -cram: llama-server's prompt cache limit (-1: none but the context)
+    load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
+    draft: Draft | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     kv: KvRequest
     stateful: bool = False
     n_gpu_layers: int | None = None  # None: all layers on the device (llama.cpp's default)
+    layout: Layout = field(default_factory=Layout)
 
 
 @dataclass(frozen=True)
@@ -82,6 +125,12 @@ class Plan:
     @property
     def fits(self) -> bool:
         return all(a.fits for a in self.allocations)
+
+
+def atoi(text: str) -> int:
+    """C's atoi (how ggml-openvino reads its switches): leading whitespace, sign, digits; 0 otherwise."""
+    found = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(found.group(1)) if found else 0
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -122,22 +171,160 @@ def compute_estimate(facts: ModelFacts, kv: KvPlan) -> int:
     return ctx.n_ubatch * per_token + mask + logits
 
 
+def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
+    for rule in overrides:
+        try:
+            if re.search(rule.pattern, name):
+                return rule
+        except re.error:
+            continue
+    return None
+
+
+def _device_names(target: Target, layout: Layout) -> list[str]:
+    if not target.on_gpu:
+        return []
+    if layout.devices and layout.split_mode != "none":
+        return list(layout.devices)
+    main = target.device or "GPU0"
+    if layout.devices and layout.split_mode == "none":
+        main = layout.devices[min(layout.main_gpu, len(layout.devices) - 1)]
+    return [main]
+
+
+def _layer_places(n_layer: int, offloaded: int, devices: Sequence[str], split: Sequence[float]) -> list[str]:
+    """llama.cpp's layer assignment: the last `offloaded` layers go to the devices, in -ts proportions
+    (equal shares when -ts is not given: the free-memory split cannot be known here)."""
+    places = ["host"] * n_layer
+    if not devices or offloaded <= 0:
+        return places
+    shares = [max(x, 0.0) for x in split[: len(devices)]] + [0.0] * (len(devices) - len(split[: len(devices)]))
+    if not any(shares):
+        shares = [1.0] * len(devices)
+    total = sum(shares)
+    bounds, acc = [], 0.0
+    for share in shares:
+        acc += share / total
+        bounds.append(acc)
+    start = n_layer - offloaded
+    for il in range(start, n_layer):
+        at = (il - start) / offloaded
+        idx = next((i for i, b in enumerate(bounds) if at < b - 1e-9), len(devices) - 1)
+        places[il] = devices[idx]
+    return places
+
+
+def _model_memory(
+    facts: ModelFacts,
+    n_gpu_layers: int | None,
+    overrides: Sequence[Override],
+    devices: Sequence[str],
+    split: Sequence[float],
+    kv: KvPlan | None,
+    kv_offload: bool,
+) -> dict[str, dict[str, int]]:
+    """Weights and KV of one model per place ("host" or a device name)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    n_layer = max(facts.block_count, 1)
+    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
+    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    places = _layer_places(n_layer, min(offloaded, n_layer), devices, split)
+    tensors = facts.tensors or tuple(
+        [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
+    )
+    for name, size in tensors:
+        il = None
+        if name.startswith("blk."):
+            head = name[4:].partition(".")[0]
+            il = int(head) if head.isdigit() else None
+        if il is not None and il < len(places):
+            place = places[il]
+        elif name.startswith("token_embd") or not devices:
+            place = "host"  # llama.cpp keeps the input embeddings on the CPU
+        else:
+            place = devices[-1] if offloaded > n_layer else "host"
+        rule = _placed(name, overrides)
+        if rule is not None:
+            place = "host" if rule.to_host else rule.buffer_type
+        add(place, "weights", size)
+    if kv is not None:
+        for cache in kv.caches:
+            per_layer = cache.total_bytes // max(cache.layers, 1)
+            kv_layers = [il for il, layer in enumerate(facts.layers) if layer.has_kv][: cache.layers]
+            placed = 0
+            for il in kv_layers:
+                place = places[il] if kv_offload and il < len(places) else "host"
+                add(place, "kv", per_layer)
+                placed += per_layer
+            add("host", "kv", cache.total_bytes - placed)
+    return out
+
+
+def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
+    """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
+
+    Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
+    host prompt_cache (llama-server's -cram: grows in use up to that limit or one context's worth).
+    """
+    layout = settings.layout
+    kv = plan_kv(facts, settings.kv)
+    devices = _device_names(target, layout)
+    kv_offload = layout.kv_offload and not settings.stateful
+    out = _model_memory(facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload)
+    out.setdefault("host", {})
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    main = devices[min(layout.main_gpu, len(devices) - 1)] if devices else "host"
+    if target.integrated or target.backend == "openvino":
+        # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
+        for place in devices:
+            add("host", "kv", out.get(place, {}).get("kv", 0))
+    compute = compute_estimate(facts, kv)
+    add(main, "compute", compute)
+    if layout.mmproj_bytes:
+        add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
+    if layout.draft is not None:
+        draft = layout.draft
+        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
+        part = _model_memory(
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload
+        )
+        for place, items in part.items():
+            for item, size in items.items():
+                add(place, f"draft_{item}", size)
+        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv))
+    if layout.prompt_cache_mib:
+        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else min(layout.prompt_cache_mib * MIB, kv.total_bytes)
+        add("host", "prompt_cache", limit)
+    return {place: dict(items) for place, items in out.items()}
+
+
 def _origin(value: Sourced[int]) -> str:
     return f"{value.source}: {value.detail}" if value.detail else value.source
 
 
 def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
     kv = plan_kv(facts, settings.kv)
+    layout = settings.layout
+    places = memory_by_place(facts, settings, target)
     out: list[Allocation] = []
     if target.kv_cap is not None:
         out.append(Allocation("KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed"))
-    kv_on_device = target.on_gpu and not settings.stateful
+    kv_on_device = target.on_gpu and not settings.stateful and layout.kv_offload
     n_layer = max(facts.block_count, 1)
     offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
     device_share = offloaded / n_layer if kv_on_device else 0.0
     split = kv_splits(target, policy)
-    kv_device = int(kv.total_bytes * device_share)
-    kv_host = kv.total_bytes - kv_device
     if kv_on_device and target.max_alloc is not None and offloaded:
         margin = policy.per_backend(policy.max_alloc_margin, target.backend)
         limit = target.max_alloc.value - margin
@@ -151,37 +338,45 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 if not split:
                     label += " (one allocation)"
                 out.append(Allocation(label, int(size * device_share), limit, limit_name))
-    weights = facts.total_weight_bytes
-    weights_device = int(sum(facts.weight_bytes_per_layer[n_layer - offloaded :])) if target.on_gpu else 0
-    compute = compute_estimate(facts, kv)
     fraction = policy.per_backend(policy.memory_margin_fraction, target.backend)
     if target.on_gpu and target.device_memory is not None and not target.integrated:
         usable = int(target.device_memory.value * (1 - fraction))
-        out.append(
-            Allocation(
-                "device total (weights, KV, compute estimate)",
-                weights_device + kv_device + compute,
-                usable,
-                f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
-                f" less {fraction:.0%}",
+        for place, items in places.items():
+            if place == "host":
+                continue
+            what = ", ".join(k.replace("_", " ") for k in items)
+            out.append(
+                Allocation(
+                    "device total (weights, KV, compute estimate)"
+                    if place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
+                    else f"{place} total ({what})",
+                    sum(items.values()),
+                    usable,
+                    f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
+                    f" less {fraction:.0%}",
+                )
             )
-        )
     overheads = policy.address_space_overhead if target.address_space_budget else policy.process_overhead
     overhead = policy.per_backend(overheads, target.backend)
-    # Integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first.
-    host_kv = kv.total_bytes if (target.integrated or target.backend == "openvino") else kv_host
-    host_compute = compute if (not target.on_gpu or target.integrated) else 0
-    host_weights = weights  # the model file is mapped whole, whatever part of it a device also holds
+    host = places.get("host", {})
+    # the model files are mapped whole, whatever part of them a device also holds
+    host_weights = facts.total_weight_bytes + (layout.draft.facts.total_weight_bytes if layout.draft else 0)
+    host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))
+    if target.on_gpu and target.integrated:
+        host_other += sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "compute" in k)
     usable_host = int(target.host_budget.value * (1 - fraction))
     out.append(
         Allocation(
             "host total (process, weights, KV, compute estimate)",
-            overhead + host_weights + host_kv + host_compute,
+            overhead + host_weights + host_other,
             usable_host,
             f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}) less {fraction:.0%}",
         )
     )
     return tuple(out)
+
+
+_PLAIN = frozenset({"weights", "kv", "compute"})
 
 
 def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
@@ -240,18 +435,40 @@ def plan(
     user_fit_set: bool = False,
     user_ngl: int | None = None,
     floor: int | None = None,
+    layout: Layout | None = None,
+    user_env: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS."""
+    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS.
+
+    `user_env`: the environment llama.cpp will inherit. What the user set there for stateful execution and
+    the NEO filter wins: never overwritten; GGML_OPENVINO_STATEFUL_EXECUTION=1 is where the plan starts
+    from, =0 takes the stateful step off the ladder."""
+    user_env = user_env or {}
     floor = policy.ctx_floor if floor is None else floor
     steps = list(ladder if ladder is not None else policy.ladder_for(target.backend, request.tool))
-    settings = Settings(kv=request, n_gpu_layers=user_ngl)
+    settings = Settings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout())
     asked_ctx = _asked_ctx(request, facts)
     taken: list[Step] = []
     changes: dict[str, str | bool] = {}
-    env: dict[str, str] = dict(target.neo_filter)
+    env: dict[str, str] = {k: v for k, v in target.neo_filter.items() if k not in user_env}
     notes: list[str] = []
-    if target.neo_filter:
-        taken.append(Step("neo-filter", f"{len(target.neo_filter)} NEO variables so only the targeted GPU is visible"))
+    kept = sorted(k for k in target.neo_filter if k in user_env)
+    if kept:
+        notes.append(f"NEO filter: your {', '.join(f'{k}={user_env[k]}' for k in kept)} kept")
+    if env:
+        taken.append(Step("neo-filter", f"{len(env)} NEO variables so only the targeted GPU is visible"))
+    if STATEFUL_ENV in user_env:
+        steps = [s for s in steps if s != "stateful"]
+        if atoi(user_env[STATEFUL_ENV]) != 0 and target.backend == "openvino" and target.on_gpu:
+            settings = replace(settings, stateful=True)
+            extra = ""
+            if plan_kv(facts, settings.kv).context.n_seq_max != 1:
+                settings = replace(settings, kv=replace(settings.kv, n_parallel=1, kv_unified=None))
+                changes["--parallel"] = "1"
+                extra = ", one slot (-np 1) as it requires"
+            taken.append(Step("stateful", f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: KV in host RAM{extra}"))
+        else:
+            notes.append(f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: stateful execution stays as you set it")
     if target.address_space_budget and policy.malloc_arena_max and not target.malloc_arena_max_set:
         env["MALLOC_ARENA_MAX"] = str(policy.malloc_arena_max)
         taken.append(
@@ -386,7 +603,7 @@ def target_from(
     sees this host's CPU, the profile's backend and GPU stand in for it (planning for another machine).
     """
     backend = device.backend
-    on_gpu = not device.on_host
+    on_gpu = not device.on_host and backend != "unknown"  # no binary to ask: plan for the host
     integrated = bool(device.integrated.value) if device.integrated is not None else False
     if profile is not None and device.on_host and profile.backend not in (None, "cpu"):
         backend = str(profile.backend)

@@ -74,6 +74,9 @@ def plan_text(result: dict[str, Any]) -> str:
     lines.append(f"{'total':<10}{'':>9}{'':>8}  {'':<12}{'':>16}{kv['total_bytes']:>16,}{human(kv['total_bytes']):>14}")
     for note in result["notes"]:
         lines.append(f"note: {note}")
+    for place, items in (result.get("memory") or {}).items():
+        parts = ", ".join(f"{k.replace('_', ' ')} {human(v)}" for k, v in items.items())
+        lines.append(f"memory  {place}: {parts or 'nothing'} (total {human(sum(items.values()))})")
     if "target" in result:
         lines += decision_text(result)
     return "\n".join(lines) + "\n"

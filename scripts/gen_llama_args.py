@@ -65,6 +65,8 @@ def extract(source: str) -> list[dict[str, object]]:
             kind = "bool" if re.search(r"\bbool\b", params) else "value"
         elif n_values == 2:
             kind = "value2"
+        # an int handler gets std::stoi(value) from the parser; a string handler reads its own value
+        value_type = "int" if re.search(r"\bint\b", params) else "string"
         if neg and kind == "flag":
             kind = "bool"
         env = re.search(r'set_env\(\s*"([^"]+)"', tail)
@@ -85,6 +87,7 @@ def extract(source: str) -> list[dict[str, object]]:
                 "negative": neg,
                 "kind": kind,
                 "env": env.group(1) if env else None,
+                "value_type": value_type if kind == "value" else None,
                 "examples": _ex(examples) or (["completion", "mtmd", "cli", "server"] if mmproj else ["common"]),
                 "excludes": _ex(excludes),
             }

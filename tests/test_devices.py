@@ -252,7 +252,7 @@ def test_command_names_a_missing_binary(
 def test_no_binary_anywhere_still_reports(
     env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    use_env(monkeypatch, {**env, "PATH": ""})
+    use_env(monkeypatch, {**env, "PATH": "", "SAFE_LLAMA_PREFIX": env["XDG_CACHE_HOME"] + "/no-install"})
     code, out, _ = run_cli(["devices", "--json", "--openvino-device", "GPU"], capsys)
     assert code == 0
     data = json.loads(out)
