@@ -33,6 +33,10 @@ class Target:
     address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
     malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
     kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
+    compute_scale: float = 1.0  # a failed start named the compute buffers' size: this many times the estimate
+    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
+    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
+    margin_scale: float = 1.0
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -126,6 +130,12 @@ def _origin(value: Sourced[int]) -> str:
     return f"{value.source}: {value.detail}" if value.detail else value.source
 
 
+def _margin_words(fraction: float) -> str:
+    if fraction > 0:
+        return f" less {fraction:.0%}"
+    return f" plus {-fraction:.0%}" if fraction < 0 else ""
+
+
 def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
     kv = plan_kv(facts, settings.kv)
     out: list[Allocation] = []
@@ -153,8 +163,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 out.append(Allocation(label, int(size * device_share), limit, limit_name))
     weights = facts.total_weight_bytes
     weights_device = int(sum(facts.weight_bytes_per_layer[n_layer - offloaded :])) if target.on_gpu else 0
-    compute = compute_estimate(facts, kv)
-    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend)
+    compute = int(compute_estimate(facts, kv) * target.compute_scale)
+    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
     if target.on_gpu and target.device_memory is not None and not target.integrated:
         usable = int(target.device_memory.value * (1 - fraction))
         out.append(
@@ -163,7 +173,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 weights_device + kv_device + compute,
                 usable,
                 f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
-                f" less {fraction:.0%}",
+                f"{_margin_words(fraction)}",
             )
         )
     overheads = policy.address_space_overhead if target.address_space_budget else policy.process_overhead
@@ -178,7 +188,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             "host total (process, weights, KV, compute estimate)",
             overhead + host_weights + host_kv + host_compute,
             usable_host,
-            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}) less {fraction:.0%}",
+            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}){_margin_words(fraction)}",
         )
     )
     return tuple(out)
