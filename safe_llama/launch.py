@@ -33,7 +33,11 @@ if TYPE_CHECKING:
 DEFAULT_ATTEMPTS = 4
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
-_MARGIN_SCALE = {"keep": 1.0, "limit": 0.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
+_MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
+# Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
+# seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
+# under ulimit -v a context just past the limit aborts there (std::system_error, exit 134) once ready.
+_READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion"})
 
 
 @dataclass(frozen=True)
@@ -165,13 +169,13 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             failure,
             learned,
             lower_kv=lower.kv.total_bytes if lower is not None else None,
-            exact_limit=prepared.target.address_space_budget,
+            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
         )
         learned = lesson.learned
         plan_options = replace(
             plan_options,
             learned_max_alloc=learned.max_alloc,
-            compute_scale=learned.compute_scale,
+            compute_extra=learned.compute_extra,
             kv_cap=learned.kv_cap,
             margin_scale=_MARGIN_SCALE[learned.margin],
         )

@@ -33,7 +33,7 @@ class Target:
     address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
     malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
     kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
-    compute_scale: float = 1.0  # a failed start named the compute buffers' size: this many times the estimate
+    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
     # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
     # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
     margin_scale: float = 1.0
@@ -163,7 +163,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 out.append(Allocation(label, int(size * device_share), limit, limit_name))
     weights = facts.total_weight_bytes
     weights_device = int(sum(facts.weight_bytes_per_layer[n_layer - offloaded :])) if target.on_gpu else 0
-    compute = int(compute_estimate(facts, kv) * target.compute_scale)
+    compute = compute_estimate(facts, kv) + target.compute_extra
     fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
     if target.on_gpu and target.device_memory is not None and not target.integrated:
         usable = int(target.device_memory.value * (1 - fraction))

@@ -16,10 +16,10 @@ from safe_llama.units import human
 # The first step below a failed size that taught nothing else: when the next attempt starts, it is within
 # this share of the largest that starts (that one lies between the two).
 STEP = 0.03
-# A compute buffer this much larger than the estimate is news; below it the estimate was right.
+# A compute buffer this much larger than the estimate (and what was learned) is news; below, it was right.
 _NEWS = 1.01
 
-Margin = Literal["keep", "limit", "band"]
+Margin = Literal["keep", "band"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,12 @@ class Learned:
     """Everything the failed starts so far have taught, as the planner takes it."""
 
     max_alloc: int | None = None  # the device's largest single allocation, named by the device
-    compute_scale: float = 1.0  # the compute buffers are this many times the estimate
+    # bytes the compute estimate missed at the failed size: added at every size, since one failure cannot
+    # tell a missed fixed part from a missed per-cell part and the search only goes down (safe either way)
+    compute_extra: int = 0
     kv_cap: int | None = None  # the next KV stays at or under this
-    # how the host or device limit is planned: with the policy's margin, against the whole limit, or
-    # from the top of the margin band (the limit plus the margin: where an exact limit's search starts)
+    # how the host or device limit is planned: with the policy's margin, or from the top of the margin
+    # band (the limit plus the margin: where the search below an exact limit starts)
     margin: Margin = "keep"
 
 
@@ -49,12 +51,13 @@ class Lesson:
     reason: str  # one sentence for the user: what the next attempt is sized by
 
 
-def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int | None, exact_limit: bool) -> Lesson:
+def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int | None, search_band: bool) -> Lesson:
     """What the next attempt is planned with after `failure`.
 
     lower_kv: the KV of the plan with the policy's margin (what the planner believes starts), if known.
-    exact_limit: the binding limit is known to the byte (RLIMIT_AS), so only the planner's own model is
-    uncertain: the search starts from the top of its margin band instead of the limit itself.
+    search_band: the limit is known to the byte (RLIMIT_AS), so only the planner's own model is uncertain,
+    and a start that does not fit fails before readiness: the search may start from the top of the
+    plan's margin band and step down. Otherwise the next plan keeps the margin.
     """
     limit = failure.limit_bytes
     if limit is not None and (before.max_alloc is None or limit < before.max_alloc):
@@ -65,14 +68,13 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
         failure.stage == "compute"
         and requested is not None
         and attempt.compute_estimate > 0
-        and requested > attempt.compute_estimate * before.compute_scale * _NEWS
+        and requested > (attempt.compute_estimate + before.compute_extra) * _NEWS
     ):
-        scale = requested / attempt.compute_estimate
-        learned = replace(before, compute_scale=scale, margin="keep")
+        learned = replace(before, compute_extra=requested - attempt.compute_estimate, margin="keep")
         return Lesson(
             learned,
             f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
-            f" planning with {scale:.2f} times the estimate",
+            " planning with the size named",
         )
     if attempt.stepped and lower_kv is not None and lower_kv < attempt.kv_bytes:
         # a step below a failure failed too: the largest that starts is further down, halve the gap
@@ -87,8 +89,8 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
     if before.kv_cap is not None:
         cap = min(cap, before.kv_cap)
     what = _what_failed(failure, attempt)
-    margin: Margin = "band" if exact_limit else "limit"
-    where = "from the top of the plan's margin" if exact_limit else "against the whole limit"
+    margin: Margin = "band" if search_band else "keep"
+    where = "from the top of the plan's margin" if search_band else "with the plan's margin"
     return Lesson(replace(before, kv_cap=cap, margin=margin), f"{what}: next KV {how}, planned {where}")
 
 
