@@ -50,6 +50,8 @@ class PlanOptions:
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
     learned_max_alloc: int | None = None
     kv_cap: int | None = None  # after a failed start: stay at or under this much KV
+    compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
+    margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,9 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     no file or device is read again."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
     target = with_learned(prepared.target, options.learned_max_alloc)
-    target = replace(target, kv_cap=options.kv_cap)
+    target = replace(
+        target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
+    )
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None

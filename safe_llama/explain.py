@@ -26,7 +26,6 @@ from safe_llama.binaries import TOOL_BINARY
 from safe_llama.device_map import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.kv import block_size, pad, plan_kv, row_bytes
-from safe_llama.launch import SHRINK as LAUNCH_SHRINK
 from safe_llama.list_devices import parse_list_devices
 from safe_llama.llama_args import arg_table, parse, redact_argv, redact_env, rewrite
 from safe_llama.planner import STATEFUL_ENV, Plan, Settings, Target, allocations, kv_splits, plan, with_learned
@@ -40,9 +39,9 @@ if TYPE_CHECKING:
 Status = Literal["explained", "no-failure", "unrecognised"]
 EXIT_CODES: Mapping[Status, int] = {"explained": 0, "no-failure": 1, "unrecognised": 1}
 
-# safe-llama's retry rule after a failure that names no limit: the next KV is at most this share of the
-# one that failed. explain proposes the same step the launcher would take.
-SHRINK = Fraction(LAUNCH_SHRINK).limit_denominator(1000)
+# A log that names no limit does not say how much memory that run had: a remedy is sized at this share
+# of the allocation that failed (the launcher's retry instead searches, one start after another).
+SHRINK = Fraction(3, 4)
 MAX_LINE = 16384  # as signatures.Scanner: a longer line is read on its first MAX_LINE characters
 GRID = 256  # llama.cpp pads n_ctx up to a multiple of 256 (kv.PAD)
 
@@ -589,7 +588,7 @@ def _numbers(failure: Failure, backend: str, run: FailedRun, facts: LogFacts, po
         words = f"the limit less safe-llama's {human(margin)} margin ({limit - margin:,} bytes)"
         return _Numbers(requested, Fraction(limit - margin), words, True, run.n_ctx, backend, types)
     words = (
-        f"{SHRINK.numerator}/{SHRINK.denominator} of the allocation that failed, the step safe-llama's retry takes "
+        f"{SHRINK.numerator}/{SHRINK.denominator} of the allocation that failed "
         "(how much memory that run had is not in the log)"
     )
     return _Numbers(requested, requested * SHRINK, words, False, run.n_ctx, backend, types)
@@ -768,7 +767,7 @@ def plan_remedies(
         cap = int(failed_kv * SHRINK)
         notes.append(
             f"the plans keep the KV cache at or under {human(cap)}, {SHRINK.numerator}/{SHRINK.denominator} of "
-            f"the {human(failed_kv)} that failed, as safe-llama's retry would"
+            f"the {human(failed_kv)} that failed"
         )
         target = replace(target, kv_cap=cap)
 

@@ -20,6 +20,7 @@ from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare, repl
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.llama_args import redact_argv
 from safe_llama.paths import cache_dir
+from safe_llama.retry import Attempt, Learned, learn
 from safe_llama.say import Say
 from safe_llama.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
@@ -32,7 +33,11 @@ if TYPE_CHECKING:
 DEFAULT_ATTEMPTS = 4
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
-SHRINK = 0.75  # after a failure with no limit in the message, the next KV is at most this share
+_MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
+# Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
+# seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
+# under ulimit -v a context just past the limit aborts there (std::system_error, exit 134) once ready.
+_READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion"})
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
     attempt = 0
     last_kv: tuple[int, int] | None = None
+    learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
+    stepped = False  # this attempt's size is a step below an earlier failure
     while True:
         attempt += 1
         if prepared is None or (attempt == 1 and not options.predict):
@@ -159,16 +166,25 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             say(f"attempt {attempt} failed: {failure.line or failure.kind}; no attempts left", "error")
             return int(ExitStatus.RETRIES_EXHAUSTED)
         last_kv = kv_now
-        learned = failure.limit_bytes
-        if learned is not None:  # the plan is checked against the limit the device named: it must differ
-            plan_options = replace(plan_options, learned_max_alloc=learned)
-            what = f"device max allocation {human(learned)} learned"
-        else:
-            cap = int((kv_now[1] if kv_now else 0) * SHRINK)
-            plan_options = replace(plan_options, kv_cap=cap)
-            what = f"KV at most {human(cap)}"
-        say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying with {what}", "warning")
+        lower = replan(prepared, replace(plan_options, kv_cap=None, margin_scale=1.0), env).plan
+        lesson = learn(
+            _attempted(prepared, kv_now, planned=attempt_is_planned(attempt, options), stepped=stepped),
+            failure,
+            learned,
+            lower_kv=lower.kv.total_bytes if lower is not None else None,
+            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
+        )
+        learned = lesson.learned
+        plan_options = replace(
+            plan_options,
+            learned_max_alloc=learned.max_alloc,
+            compute_extra=learned.compute_extra,
+            kv_cap=learned.kv_cap,
+            margin_scale=_MARGIN_SCALE[learned.margin],
+        )
+        say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
         prepared = replan(prepared, plan_options, env)
+        stepped = _cap_binds(prepared, plan_options, env)
 
 
 def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
@@ -251,6 +267,24 @@ class _Watcher:
 
     def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
         return self._inner.conclude(returncode, oom_evidence)
+
+
+def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
+    """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
+    from safe_llama.kv import plan_kv
+    from safe_llama.planner import compute_estimate
+
+    kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
+    kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=compute_estimate(prepared.facts, kv), stepped=stepped)
+
+
+def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
+    """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
+    if prepared.plan is None or options.kv_cap is None:
+        return False
+    free = replan(prepared, replace(options, kv_cap=None), env).plan
+    return free is None or free.kv.total_bytes > prepared.plan.kv.total_bytes
 
 
 def _unplanned(prepared: Prepared) -> Prepared:

@@ -35,6 +35,10 @@ class Target:
     address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
     malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
     kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
+    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
+    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
+    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
+    margin_scale: float = 1.0
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -289,7 +293,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
         for place in devices:
             add("host", "kv", out.get(place, {}).get("kv", 0))
-    compute = compute_estimate(facts, kv)
+    compute = compute_estimate(facts, kv) + target.compute_extra
     add(main, "compute", compute)
     if layout.mmproj_bytes:
         add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
@@ -311,6 +315,12 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
 
 def _origin(value: Sourced[int]) -> str:
     return f"{value.source}: {value.detail}" if value.detail else value.source
+
+
+def _margin_words(fraction: float) -> str:
+    if fraction > 0:
+        return f" less {fraction:.0%}"
+    return f" plus {-fraction:.0%}" if fraction < 0 else ""
 
 
 def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
@@ -338,7 +348,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 if not split:
                     label += " (one allocation)"
                 out.append(Allocation(label, int(size * device_share), limit, limit_name))
-    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend)
+    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
     if target.on_gpu and target.device_memory is not None and not target.integrated:
         usable = int(target.device_memory.value * (1 - fraction))
         for place, items in places.items():
@@ -353,7 +363,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                     sum(items.values()),
                     usable,
                     f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
-                    f" less {fraction:.0%}",
+                    f"{_margin_words(fraction)}",
                 )
             )
     overheads = policy.address_space_overhead if target.address_space_budget else policy.process_overhead
@@ -370,7 +380,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             "host total (process, weights, KV, compute estimate)",
             overhead + host_weights + host_other,
             usable_host,
-            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}) less {fraction:.0%}",
+            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}){_margin_words(fraction)}",
         )
     )
     return tuple(out)

@@ -26,6 +26,9 @@ FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", 
 MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
 
 GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"})
+# What a failed allocation was for, where a line says so: the retry sizes the next plan from it.
+Stage = Literal["kv", "compute", "weights", "output", "thread"]
+STAGES: tuple[str, ...] = get_args(Stage)
 MIB = 1024 * 1024
 
 # llama.cpp's log prefix: an optional `M.SS.mmm.uuu ` timestamp, then the level letter. On a terminal a
@@ -43,6 +46,7 @@ class Signature:
     category: Category
     pattern: re.Pattern[str]
     source: str = ""
+    stage: Stage | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Match:
     limit_bytes: int | None = None
     buffer: str | None = None
     requested_is_estimate: bool = False  # requested_bytes was computed from a rounded MiB figure
+    stage: Stage | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Failure:
     buffer: str | None = None
     signal: int | None = None  # the signal that ended the child, if one did
     evidence: str | None = None  # for a SIGKILL: the memory counter that rose (the OOM killer's trace)
+    stage: Stage | None = None  # what the failed allocation was for, when a line of the start-up said
 
 
 def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Match:
@@ -105,6 +111,7 @@ def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Ma
         limit_bytes=int(limit) if limit else None,
         buffer=groups.get("buffer") or None,
         requested_is_estimate=estimate,
+        stage=sig.stage,
     )
 
 
@@ -129,7 +136,7 @@ def default_table_path() -> Path:
 def _parse_entry(entry: Any, where: str) -> Signature:
     if not isinstance(entry, dict):
         raise SafeLlamaError(f"safe-llama: {where}: a [[signature]] must be a table", ExitStatus.BAD_CONFIG)
-    unknown = set(entry) - {"id", "category", "regex", "source"}
+    unknown = set(entry) - {"id", "category", "regex", "source", "stage"}
     if unknown:
         raise SafeLlamaError(f"safe-llama: {where}: unknown key(s) {', '.join(sorted(unknown))}", ExitStatus.BAD_CONFIG)
     sig_id, category, regex = entry.get("id"), entry.get("category"), entry.get("regex")
@@ -153,8 +160,11 @@ def _parse_entry(entry: Any, where: str) -> Signature:
             f"known: {', '.join(sorted(GROUPS))}",
             ExitStatus.BAD_CONFIG,
         )
+    stage = entry.get("stage")
+    if stage is not None and stage not in STAGES:
+        raise SafeLlamaError(f"safe-llama: {where}: stage must be one of {', '.join(STAGES)}", ExitStatus.BAD_CONFIG)
     source = entry.get("source", "")
-    return Signature(id=sig_id, category=category, pattern=pattern, source=str(source))
+    return Signature(id=sig_id, category=category, pattern=pattern, source=str(source), stage=stage)
 
 
 def parse_table(text: str, where: str = "signatures") -> tuple[Signature, ...]:
@@ -289,6 +299,7 @@ def _memory_failure(kind: FailureKind, decisive: Match | None, matches: Sequence
         limit_bytes=next((m.limit_bytes for m in allocs if m.limit_bytes), None),
         buffer=next((m.buffer for m in allocs if m.buffer), None),
         signal=sig,
+        stage=next((m.stage for m in matches if m.stage and m.category in ("alloc", "context")), None),
     )
 
 

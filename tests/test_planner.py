@@ -268,3 +268,22 @@ def test_a_bad_user_planner_value_names_the_users_file_and_key(tmp_path: Path) -
     with pytest.raises(SafeLlamaError) as caught:
         load_policy(configs_dir() / "planner.toml", user)
     assert f"{user}: [planner] ladder.cpu: unknown step 'nope'" in caught.value.message
+
+
+def test_a_learned_compute_size_and_the_margin_band_reach_the_host_total(policy: Policy) -> None:
+    """The retry's hooks: bytes the compute estimate missed are counted at every size; margin_scale -1
+    plans to the top of the margin band (the budget plus the margin), 1 keeps the policy's margin."""
+    facts = _facts("llama", **LLAMA_3B)
+    budget = Sourced(8 * GIB, "probed", "RLIMIT_AS (ulimit -v)")
+    request = KvRequest(tool="server", n_ctx=131072)
+    kept = plan(facts, request, Target(backend="cpu", host_budget=budget), policy)
+    extra = plan(facts, request, Target(backend="cpu", host_budget=budget, compute_extra=GIB), policy)
+    band = plan(facts, request, Target(backend="cpu", host_budget=budget, margin_scale=-1.0), policy)
+    host = next(a for a in extra.allocations if a.name.startswith("host total"))
+    fraction = policy.memory_margin_fraction["default"]
+    assert host.limit == int(8 * GIB * (1 - fraction)) and host.bytes <= host.limit
+    band_host = next(a for a in band.allocations if a.name.startswith("host total"))
+    assert band_host.limit == int(8 * GIB * (1 + fraction)) and "plus 2%" in band_host.limit_name
+    assert extra.kv.total_bytes < kept.kv.total_bytes < band.kv.total_bytes
+    per_cell = plan_kv(facts, KvRequest(tool="server", n_ctx=256)).total_bytes / 256
+    assert (kept.kv.total_bytes - extra.kv.total_bytes) / per_cell == pytest.approx(GIB / per_cell, rel=0.3)

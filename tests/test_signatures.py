@@ -67,7 +67,7 @@ LINES = [
     ),
     pytest.param(
         log_line("completion-compute-oom.log", "ggml_gallocr_reserve_n_impl"),
-        ("named-buffer-alloc", "alloc", 9374760960, None, "CPU"),
+        ("compute-graph-alloc", "alloc", 9374760960, None, "CPU"),
         id="gallocr-reserve",
     ),
     pytest.param(
@@ -96,6 +96,11 @@ LINES = [
         id="mmap-enomem",
     ),
     pytest.param(
+        log_line("server-thread-oom.log", "libgomp"),
+        ("thread-create", "alloc", None, None, None),
+        id="libgomp-thread-creation",
+    ),
+    pytest.param(
         log_line("completion-bad-alloc.log", "bad_alloc"),
         ("bad-alloc", "alloc", None, None, None),
         id="bad-alloc",
@@ -115,6 +120,11 @@ LINES = [
         log_line("cuda-oom-ngl99.log", "failed to allocate CUDA0 buffer"),
         ("named-buffer-alloc", "alloc", 262160777216, None, "CUDA0"),
         id="cuda0-buffer",
+    ),
+    pytest.param(
+        log_line("cuda-compute-oom-q8.log", "ggml_gallocr_reserve_n_impl"),
+        ("compute-graph-alloc", "alloc", 34837395584, None, "CUDA0"),
+        id="cuda0-compute-buffer",
     ),
     # the seed report (OpenVINO GPU plugin)
     pytest.param(
@@ -360,6 +370,25 @@ def test_classify_real_logs(
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "stage", "requested"),
+    [
+        pytest.param("server-kv-oom.log", "kv", 6144393216, id="cpu-kv"),
+        pytest.param("server-compute-oom-lv4.log", "compute", 175403040, id="cpu-compute-after-kv"),
+        pytest.param("completion-compute-oom.log", "compute", 9374760960, id="cpu-compute-batch"),
+        pytest.param("cuda-compute-oom-q8.log", "compute", 34837395584, id="cuda-compute-exact-over-mib"),
+        pytest.param("completion-weights-oom.log", "weights", 233316864, id="cpu-weights"),
+        pytest.param("server-thread-oom.log", "thread", None, id="thread-stacks"),
+        pytest.param("openvino-seed.log", "kv", 7516192768, id="openvino-kv"),
+        pytest.param("completion-bad-alloc.log", None, None, id="no-stage-said"),
+    ],
+)
+def test_failure_names_what_the_allocation_was_for(name: str, stage: str | None, requested: int | None) -> None:
+    failure = classify(scan_text(TABLE, log_bytes(name)), 1)
+    assert failure is not None and failure.memory
+    assert (failure.stage, failure.requested_bytes) == (stage, requested)
+
+
 def test_every_fixture_header_says_how_it_was_made() -> None:
     for path in LOGS.glob("*.log"):
         first = path.read_bytes().split(b"\n", 1)[0].decode()
@@ -599,6 +628,7 @@ def test_merge_keeps_builtin_order() -> None:
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\n", "regex is missing"),
         ("[[signature]]\ncategory = 'alloc'\nregex = 'x'\n", "needs an id"),
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\npriority = 1\n", "unknown key"),
+        ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\nstage = 'kv-cache'\n", "stage must be one of"),
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\n" * 2, "duplicate signature id"),
         ("signature = 3\n", "array of tables"),
         ("[[signature]\n", "signatures"),
