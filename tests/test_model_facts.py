@@ -371,7 +371,10 @@ CASES = [
         meta("deepseek4", 2, 512, 8),
         dict(
             known_architecture=False,
-            notes=("architecture 'deepseek4' uses a cache safe-llama does not model: generic rules used",),
+            notes=(
+                "architecture 'deepseek4' is not modelled exactly (llama_kv_cache_dsv4 keeps a sliding window "
+                "and compressed caches, not a full-context cache per layer): its KV estimate is an over-estimate",
+            ),
         ),
         id="unmodelled-arch",
     ),
