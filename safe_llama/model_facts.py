@@ -176,7 +176,7 @@ UNMODELLED: Mapping[str, Unmodelled] = {
         "llama_kv_cache_dsv4 keeps a sliding window and compressed caches, not a full-context cache per layer",
     ),
     "dots3note": Unmodelled(
-        ArchRule(mla=True),
+        ArchRule(mla=True, indexer="types"),
         "over",
         "llama_kv_cache_dsa_iswa: sliding-window layers keep a window-sized cache, counted here at full size",
     ),
@@ -501,7 +501,11 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
     unmodelled = UNMODELLED.get(arch)
     if unmodelled is not None:
         rule = unmodelled.rule
-        error = {"over": "an over-estimate", "under": "an under-estimate", "unknown": "of unknown direction"}
+        error = {
+            "over": "an over-estimate (never under)",
+            "under": "an under-estimate (never over)",
+            "unknown": "of unknown direction",
+        }
         notes.append(
             f"architecture '{shown}' is not modelled exactly ({unmodelled.reason}): "
             f"its KV estimate is {error[unmodelled.direction]}"

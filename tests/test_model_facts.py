@@ -373,7 +373,8 @@ CASES = [
             known_architecture=False,
             notes=(
                 "architecture 'deepseek4' is not modelled exactly (llama_kv_cache_dsv4 keeps a sliding window "
-                "and compressed caches, not a full-context cache per layer): its KV estimate is an over-estimate",
+                "and compressed caches, not a full-context cache per layer): "
+                "its KV estimate is an over-estimate (never under)",
             ),
         ),
         id="unmodelled-arch",
