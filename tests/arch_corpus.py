@@ -29,6 +29,13 @@ RS_LINE = re.compile(
 )
 # sched_reserve runs after every memory module exists: a log without it was cut short
 DONE = "sched_reserve:"
+# llama_init_from_model's refusals of a cache type the model cannot take (src/llama-context.cpp): the
+# configuration does not apply to the model, which says nothing about the KV arithmetic
+REFUSED = re.compile(
+    r"llama_init_from_model: (quantized V cache requires flash_attn to be enabled"
+    r"|K cache type \w+ with block size \d+ does not divide n_embd_head_k=\d+"
+    r"|V cache type \w+ with block size \d+ does not divide n_embd_head_v=\d+)"
+)
 
 
 @dataclass(frozen=True)
@@ -118,17 +125,21 @@ def seen_mib(lines: Sequence[CacheLine]) -> float:
 
 
 def run_config(bin_dir: Path, model: Path, config: Config, env: Mapping[str, str], timeout: float = 60) -> str:
-    """The log of the real binary loading model with this configuration; retried once if cut short."""
+    """The log of the real binary loading model with this configuration.
+
+    llama.cpp logs from a worker thread and, exiting (on an error especially), sometimes loses the last
+    lines: a log that ends before its compute buffers or a refusal is taken again, up to five times.
+    """
     common = ["-m", str(model), *config.args, "-lv", "4", "-fit", "off", "--no-warmup"]
     log = ""
-    for _ in range(2):
+    for _ in range(5):
         if config.tool == "server":
             _code, log = run_server_until_ready(bin_dir, common, env, timeout=timeout)
         else:
             argv = [str(bin_dir / "llama-completion"), *common, "-n", "0", "-no-cnv", "-p", "hi"]
             done = subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
             log = (done.stdout + done.stderr).decode(errors="replace")
-        if DONE in log:
+        if DONE in log or REFUSED.search(log):
             break
     return log
 
@@ -143,13 +154,16 @@ class Outcome:
     predicted_mib: float
     notes: tuple[str, ...]
     log_tail: str  # empty when the log is complete
+    refused: str  # llama.cpp's reason for refusing this configuration, or empty
 
     @property
     def exact(self) -> bool:
-        return not self.log_tail and self.seen == self.predicted
+        return not self.log_tail and not self.refused and self.seen == self.predicted
 
     def problem(self) -> str | None:
         """Why this outcome breaks the promise (exact, or an unmodelled architecture never erring the other way)."""
+        if self.refused:
+            return None
         if self.log_tail:
             return "the real binary's log stops before its compute buffers"
         unmodelled = UNMODELLED.get(self.architecture)
@@ -185,6 +199,7 @@ def compare(bin_dir: Path, model: Path, config: Config, env: Mapping[str, str]) 
         total / 1048576,
         facts.notes,
         log[-2000:] if DONE not in log else "",
+        refused[0] if (refused := REFUSED.search(log)) else "",
     )
 
 

@@ -43,3 +43,5 @@ def test_every_cache_predicted_or_error_direction_named(corpus: list[Path], llam
     # the exact ones are most of the corpus: a comparison that matched nothing would prove nothing
     exact = sum(o.exact for o in outcomes)
     assert exact >= 0.9 * len(outcomes)
+    refused = [f"{o.model} [{o.config}]" for o in outcomes if o.refused]
+    assert len(refused) < 0.05 * len(outcomes), refused
