@@ -124,24 +124,29 @@ def seen_mib(lines: Sequence[CacheLine]) -> float:
     return sum(float(line[1]) for line in lines)
 
 
-def run_config(bin_dir: Path, model: Path, config: Config, env: Mapping[str, str], timeout: float = 60) -> str:
+def run_config(
+    bin_dir: Path, model: Path, config: Config, env: Mapping[str, str], timeout: float = 60
+) -> tuple[int | None, str]:
     """The log of the real binary loading model with this configuration.
 
     llama.cpp logs from a worker thread and, exiting (on an error especially), sometimes loses the last
     lines: a log that ends before its compute buffers or a refusal is taken again, up to five times.
+    Returns (exit code, None for a server that became ready; the log).
     """
     common = ["-m", str(model), *config.args, "-lv", "4", "-fit", "off", "--no-warmup"]
     log = ""
+    code: int | None = None
     for _ in range(5):
         if config.tool == "server":
-            _code, log = run_server_until_ready(bin_dir, common, env, timeout=timeout)
+            code, log = run_server_until_ready(bin_dir, common, env, timeout=timeout)
         else:
             argv = [str(bin_dir / "llama-completion"), *common, "-n", "0", "-no-cnv", "-p", "hi"]
             done = subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
             log = (done.stdout + done.stderr).decode(errors="replace")
+            code = done.returncode
         if DONE in log or REFUSED.search(log):
             break
-    return log
+    return code, log
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ class Outcome:
     predicted_mib: float
     notes: tuple[str, ...]
     log_tail: str  # empty when the log is complete
-    refused: str  # llama.cpp's reason for refusing this configuration, or empty
+    refused: str  # llama.cpp's reason for refusing this configuration ("exit 1, its log lost" too), or empty
 
     @property
     def exact(self) -> bool:
@@ -187,7 +192,8 @@ class Outcome:
 
 
 def compare(bin_dir: Path, model: Path, config: Config, env: Mapping[str, str]) -> Outcome:
-    log = run_config(bin_dir, model, config, env)
+    code, log = run_config(bin_dir, model, config, env)
+    refused = REFUSED.search(log)
     facts = load_model_facts(model)
     predicted, total = predicted_lines(model, config.request)
     return Outcome(
@@ -199,7 +205,7 @@ def compare(bin_dir: Path, model: Path, config: Config, env: Mapping[str, str]) 
         total / 1048576,
         facts.notes,
         log[-2000:] if DONE not in log else "",
-        refused[0] if (refused := REFUSED.search(log)) else "",
+        refused[0] if refused else f"exit {code}, its log lost" if code == 1 and DONE not in log else "",
     )
 
 
