@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from functools import cache
 from types import ModuleType
+
+# sys.modules holds the module before it has finished executing: a second thread must wait, not use it
+_LOADING = threading.Lock()
 
 
 @cache
 def constants() -> ModuleType:
+    with _LOADING:
+        return _load()
+
+
+def _load() -> ModuleType:
     name = "safe_llama._gguf_constants"
     if name in sys.modules:
         return sys.modules[name]

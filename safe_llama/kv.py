@@ -36,6 +36,8 @@ class LayerLike(Protocol):
     def n_embd_r(self) -> int: ...
     @property
     def n_embd_s(self) -> int: ...
+    @property
+    def n_embd_k_idx(self) -> int: ...
 
 
 class FactsLike(Protocol):
@@ -69,7 +71,7 @@ class KvRequest:
 
 @dataclass(frozen=True)
 class Cache:
-    kind: str  # full | swa | recurrent
+    kind: str  # full | swa | indexer | recurrent
     cells: int
     layers: int
     n_seq_max: int
@@ -206,6 +208,24 @@ def plan_kv(facts: FactsLike, req: KvRequest) -> KvPlan:
         caches.append(_attention_cache("swa", swa, cells_swa, ctx, req, facts.is_mla, v_trans))
     elif attn:
         caches.append(_attention_cache("full", attn, ctx.n_ctx_seq, ctx, req, facts.is_mla, v_trans))
+    indexed = [lay for lay in facts.layers if lay.n_embd_k_idx > 0]
+    if indexed:
+        # llama_kv_cache_dsa's second cache: the same cells, one K-only indexer head per indexed layer
+        k_idx = [row_bytes(req.type_k, lay.n_embd_k_idx) * ctx.n_ctx_seq * ctx.n_stream for lay in indexed]
+        caches.append(
+            Cache(
+                "indexer",
+                ctx.n_ctx_seq,
+                len(indexed),
+                ctx.n_seq_max,
+                ctx.n_stream,
+                req.type_k,
+                req.type_v,
+                sum(k_idx),
+                0,
+                tuple(k_idx),
+            )
+        )
     recurrent = [lay for lay in facts.layers if lay.recurrent]
     if recurrent:
         rows = max(1, ctx.n_seq_max)

@@ -54,9 +54,16 @@ class ArchRule:
     mla: bool = False  # key_length_mla/value_length_mla make it cache one K-only head
     # hybrids: which layers are recurrent and which attend (create_memory's filters)
     recurrent_layers: Literal["", "no_kv_heads", "all", "no_kv_heads_no_ff", "interval"] = ""
-    # recurrent state rows (llama_hparams::n_embd_r/n_embd_s)
-    state: Literal["ssm", "ssm_groups", "wkv", "shortconv"] = "ssm"
+    # recurrent state rows (llama_hparams::n_embd_r/n_embd_s): kda = Kimi delta attention, la = MiniMax
+    # lightning attention
+    state: Literal["ssm", "ssm_groups", "wkv", "shortconv", "kda", "la"] = "ssm"
+    recurrent_interval: int = 4  # default of full_attention_interval for recurrent_layers="interval"
     kv_from_start: Literal["", "gemma3n", "gemma4"] = ""  # layers past this reuse earlier layers' KV
+    # llama_kv_cache_dsa (src/llama-kv-cache-dsa.cpp): a second, K-only cache of one indexer key head per
+    # indexed layer; "all": every trunk layer, "types": attention.indexer.types, "top_k": as "types" but
+    # only when attention.indexer.top_k > 0 (hy_v4)
+    indexer: Literal["", "all", "types", "top_k"] = ""
+    loops: bool = False  # {arch}.num_loops repeats the layer stack, each pass with its own KV (nanbeige)
 
 
 # Architectures whose load_arch_hparams touches nothing that changes the KV cache: base rules only.
@@ -69,7 +76,7 @@ _PLAIN = (
     "exaone", "granite", "granitemoe", "chameleon", "plm", "bailingmoe", "bailingmoe2", "dots1", "arcee",
     "ernie4_5", "ernie4_5-moe", "hunyuan-moe", "hunyuan-dense", "hunyuan_vl", "hy_v3", "smollm3",
     "seed_oss", "grovemoe", "apertus", "minimax-m2", "cogvlm", "pangu-embedded", "mistral3", "maincoder",
-    "talkie", "paddleocr",
+    "talkie", "paddleocr", "qwen3tts", "pockettts", "hrm_text",
 )  # fmt: skip
 
 # create_memory returns no memory at all for these (encoders, diffusion models).
@@ -105,6 +112,12 @@ _SPECIAL: dict[str, ArchRule] = {
     # multi-head latent attention
     "deepseek2": ArchRule(mla=True),
     "mistral4": ArchRule(mla=True),
+    # ...plus a DeepSeek sparse-attention indexer cache (create_memory: llama_kv_cache_dsa)
+    "deepseek32": ArchRule(mla=True, indexer="all"),
+    "glm-dsa": ArchRule(mla=True, indexer="types"),
+    "hy_v4": ArchRule(mla=True, indexer="top_k"),
+    # looped layers (src/models/nanbeige.cpp load_arch_hparams expands n_layer_all)
+    "nanbeige": ArchRule(loops=True),
     # recurrent (llm_arch_is_recurrent) and hybrid (llm_arch_is_hybrid) models
     "mamba": ArchRule(memory="recurrent"),
     "mamba2": ArchRule(memory="recurrent", state="ssm_groups"),
@@ -128,6 +141,13 @@ _SPECIAL: dict[str, ArchRule] = {
     "qwen3next": ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups"),
     "qwen35": ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups"),
     "qwen35moe": ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups"),
+    # Kimi delta attention layers (n_head_kv == 0) next to MLA layers (src/models/kimi-linear.cpp,
+    # kimi-k3.cpp, bailingmoe3.cpp)
+    "kimi-linear": ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True),
+    "kimi-k3": ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True),
+    "bailingmoe3": ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True),
+    # lightning-attention layers, every 8th layer attends (src/models/minimax-01.cpp)
+    "minimax-01": ArchRule(memory="hybrid", recurrent_layers="interval", state="la", recurrent_interval=8),
 }
 
 ARCHITECTURES: Mapping[str, ArchRule] = {
@@ -136,15 +156,47 @@ ARCHITECTURES: Mapping[str, ArchRule] = {
     **_SPECIAL,
 }
 
-# llama.cpp knows these, but they use caches safe-llama does not model (sparse-attention indexers, DSV4,
-# KDA/linear-attention state, looped layers, draft heads, encoder-decoder).
-UNMODELLED = frozenset(
-    {
-        "clip", "t5", "t5encoder", "deepseek32", "deepseek4", "glm-dsa", "glm5-next", "hy_v4", "dots3note",
-        "minimax-m3", "minimax-01", "kimi-linear", "kimi-k3", "bailingmoe3", "qwen4exp", "nanbeige",
-        "graniteswitch", "gemma4-assistant", "eagle3", "dflash", "hrm_text", "qwen3tts", "pockettts", "gptj",
-    }
-)  # fmt: skip
+
+@dataclass(frozen=True)
+class Unmodelled:
+    """An architecture llama.cpp knows whose memory safe-llama does not reproduce: the rule it is estimated
+    with, which way that estimate errs, and why (checked against the real binary by tests/test_archs_real.py
+    for the ones test-llama-archs writes)."""
+
+    rule: ArchRule
+    direction: Literal["over", "under", "unknown"]
+    reason: str
+
+
+# llama.cpp knows these, but they use caches safe-llama does not model.
+UNMODELLED: Mapping[str, Unmodelled] = {
+    "deepseek4": Unmodelled(
+        ArchRule(mla=True),
+        "over",
+        "llama_kv_cache_dsv4 keeps a sliding window and compressed caches, not a full-context cache per layer",
+    ),
+    "dots3note": Unmodelled(
+        ArchRule(mla=True, indexer="types"),
+        "over",
+        "llama_kv_cache_dsa_iswa: sliding-window layers keep a window-sized cache, counted here at full size",
+    ),
+    "minimax-m3": Unmodelled(ArchRule(), "under", "llama_kv_cache_msa's indexer key cache is not counted"),
+    "glm5-next": Unmodelled(
+        ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True),
+        "under",
+        "llama_memory_hybrid_idx's indexer key cache is not counted",
+    ),
+    "qwen4exp": Unmodelled(
+        ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups"),
+        "under",
+        "llama_memory_hybrid_idx's indexer key cache and the PLE conv rows are not counted",
+    ),
+    # not written by test-llama-archs: encoders/decoders, draft heads and projectors
+    **{
+        arch: Unmodelled(ArchRule(mla=True), "unknown", "an encoder-decoder, draft head or projector")
+        for arch in ("clip", "t5", "t5encoder", "graniteswitch", "gemma4-assistant", "eagle3", "dflash", "gptj")
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -158,6 +210,7 @@ class LayerKV:
     n_embd_v_gqa: int  # 0 for MLA: llama.cpp caches no V
     n_embd_r: int
     n_embd_s: int
+    n_embd_k_idx: int = 0  # the layer's row in a sparse-attention indexer key cache (K only); 0: none
 
 
 @dataclass(frozen=True)
@@ -336,7 +389,7 @@ def _recurrent_layers(
         key = m.k("attention.recurrent_layers")
         if key in m.metadata:
             return [flag != 0 for flag in m.per_layer(key, n_layer_all, None, flags=True)]
-        interval = m.uint(m.k("full_attention_interval"), default=4)
+        interval = m.uint(m.k("full_attention_interval"), default=rule.recurrent_interval)
         if interval == 0:
             m.fail(f"key {printable(m.k('full_attention_interval'))} is 0")
         return [il < n_layer and (il + 1) % interval != 0 for il in range(n_layer_all)]
@@ -355,8 +408,20 @@ def _attends(rule: ArchRule, recurrent: list[bool], n_ff: tuple[int, ...], n_lay
     return [not r for r in recurrent]
 
 
-def _state_rows(m: _Meta, rule: ArchRule, n_embd: int) -> tuple[int, int]:
-    """llama_hparams::n_embd_r() and n_embd_s(): f32 elements per sequence of a recurrent layer's R and S."""
+def _state_rows(m: _Meta, rule: ArchRule, n_embd: int, n_head: int, head_k: int) -> tuple[int, int]:
+    """llama_hparams::n_embd_r() and n_embd_s(): f32 elements per sequence of a recurrent layer's R and S.
+
+    n_head is layer 0's head count (llama_hparams::n_head() with no layer), head_k the full layers' K head dim.
+    """
+    if rule.state == "kda":
+        # conv state for Q, K and V, then one head_dim x head_dim matrix per head
+        head_dim = m.uint(m.k("kda.head_dim"))
+        d_conv = m.uint(m.k("ssm.conv_kernel"))
+        d_inner = n_head * head_dim
+        return 3 * (d_conv - 1 if d_conv > 0 else 3) * d_inner, head_dim * head_dim * n_head
+    if rule.state == "la":
+        # minimax-01 loads no ssm keys, so its conv rows are empty; n_embd_head_la is the K head dim
+        return 0, head_k * head_k * n_head
     if rule.state == "wkv":
         head_size = m.uint(m.k("wkv.head_size"))
         token_shift = m.uint(m.k("token_shift_count"), default=2)
@@ -371,6 +436,24 @@ def _state_rows(m: _Meta, rule: ArchRule, n_embd: int) -> tuple[int, int]:
     d_state = m.uint(m.k("ssm.state_size"))
     n_group = m.uint(m.k("ssm.group_count"), default=0) if rule.state == "ssm_groups" else 0
     return max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+
+
+def _indexed_layers(m: _Meta, rule: ArchRule, n_layer_all: int, n_layer: int, n_ctx_train: int) -> list[bool]:
+    """Which layers get a row in the DSA indexer cache: create_memory's filter_lid and the is_indexer_full
+    defaults of src/models/glm-dsa.cpp and hy-v4.cpp."""
+    if not rule.indexer:
+        return [False] * n_layer_all
+    if rule.indexer == "all":
+        return [il < n_layer for il in range(n_layer_all)]
+    if rule.indexer == "top_k" and m.uint(m.k("attention.indexer.top_k"), default=0) == 0:
+        return [False] * n_layer_all
+    if rule.indexer == "types" and n_ctx_train >= 1048576:
+        # GLM-5.2's default: the first two layers, then every fourth from layer 2
+        default = tuple(int(il < 2 or (il - 2) % 4 == 0) for il in range(n_layer))
+    else:
+        default = (int(rule.indexer == "types"),) * n_layer
+    flags = m.per_layer(m.k("attention.indexer.types"), n_layer, default, flags=True)
+    return [il < n_layer and flags[il] != 0 for il in range(n_layer_all)]
 
 
 def _generic_rule(m: _Meta) -> ArchRule:
@@ -416,12 +499,21 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
 
     rule = ARCHITECTURES.get(arch)
     known = rule is not None
-    if rule is None:
+    unmodelled = UNMODELLED.get(arch)
+    if unmodelled is not None:
+        rule = unmodelled.rule
+        error = {
+            "over": "an over-estimate (never under)",
+            "under": "an under-estimate (never over)",
+            "unknown": "of unknown direction",
+        }
+        notes.append(
+            f"architecture '{shown}' is not modelled exactly ({unmodelled.reason}): "
+            f"its KV estimate is {error[unmodelled.direction]}"
+        )
+    elif rule is None:
         rule = _generic_rule(m)
-        if arch in UNMODELLED:
-            notes.append(f"architecture '{shown}' uses a cache safe-llama does not model: generic rules used")
-        else:
-            notes.append(f"unknown architecture '{shown}': generic rules used")
+        notes.append(f"unknown architecture '{shown}': generic rules used")
         if rule.memory != "kv":
             notes.append(f"recurrent state assumed from the {rule.state} keys")
 
@@ -495,7 +587,9 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
 
     # the default path leaves MTP layers out of the main context's cache (create_memory)
     drops_nextn = rule.memory == "kv" and nextn > 0 and n_layer > 0
-    state_r, state_s = _state_rows(m, rule, n_embd) if any(recurrent) else (0, 0)
+    state_r, state_s = _state_rows(m, rule, n_embd, head_count[0], k_full) if any(recurrent) else (0, 0)
+    indexed = _indexed_layers(m, rule, n_layer_all, n_layer, n_ctx_train)
+    k_idx = m.uint(m.k("attention.indexer.key_length")) if any(indexed) else 0
     has_memory = rule.memory in ("kv", "hybrid")
 
     key_length = tuple(k_swa if is_swa[il] else k_full for il in range(n_layer_all))
@@ -512,9 +606,18 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
             n_embd_v_gqa=0 if is_mla else value_length[il] * head_count_kv[il],
             n_embd_r=state_r if recurrent[il] else 0,
             n_embd_s=state_s if recurrent[il] else 0,
+            # the indexer cache shares the main cache's hparams but one head of indexer_head_size;
+            # SWA layers keep their own head dim (llama_kv_cache_dsa's hparams_lid)
+            n_embd_k_idx=(k_swa if is_swa[il] else k_idx) if indexed[il] else 0,
         )
         for il in range(n_layer_all)
     )
+    if rule.loops:
+        # each pass over the stack is a logical layer with its own KV (nanbeige load_arch_hparams)
+        n_loops = m.uint(m.k("num_loops"), default=1)
+        if not (n_loops >= 1 and n_layer_all * n_loops <= LLAMA_MAX_LAYERS):
+            m.fail(f"key {printable(m.k('num_loops'))} is {n_loops}: {n_layer_all} layers x loops must be 1 to 512")
+        layers *= n_loops
 
     layer_bytes = [0] * n_layer_all
     other_bytes = 0
@@ -588,6 +691,7 @@ def facts_to_json(facts: ModelFacts) -> dict[str, Any]:
                 "n_embd_v_gqa": layer.n_embd_v_gqa,
                 "n_embd_r": layer.n_embd_r,
                 "n_embd_s": layer.n_embd_s,
+                "n_embd_k_idx": layer.n_embd_k_idx,
             }
             for layer in facts.layers
         ],
@@ -623,7 +727,7 @@ def _ints(d: Mapping[str, Any], key: str) -> tuple[int, ...]:
 def facts_from_json(d: Mapping[str, Any]) -> ModelFacts:
     """The inverse of facts_to_json; ValueError for anything else (a stale or damaged cache entry)."""
     _field(d, "schema", lambda v: v == FACTS_SCHEMA)
-    layer_keys = ("has_kv", "swa", "recurrent", "n_embd_k_gqa", "n_embd_v_gqa", "n_embd_r", "n_embd_s")
+    layer_keys = ("has_kv", "swa", "recurrent", "n_embd_k_gqa", "n_embd_v_gqa", "n_embd_r", "n_embd_s", "n_embd_k_idx")
     raw_layers = _field(d, "layers", lambda v: isinstance(v, list))
     layers = []
     for raw in raw_layers:

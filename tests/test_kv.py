@@ -19,6 +19,7 @@ class Layer:
     n_embd_v_gqa: int = 1024
     n_embd_r: int = 0
     n_embd_s: int = 0
+    n_embd_k_idx: int = 0
 
 
 @dataclass(frozen=True)

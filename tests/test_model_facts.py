@@ -371,7 +371,11 @@ CASES = [
         meta("deepseek4", 2, 512, 8),
         dict(
             known_architecture=False,
-            notes=("architecture 'deepseek4' uses a cache safe-llama does not model: generic rules used",),
+            notes=(
+                "architecture 'deepseek4' is not modelled exactly (llama_kv_cache_dsv4 keeps a sliding window "
+                "and compressed caches, not a full-context cache per layer): "
+                "its KV estimate is an over-estimate (never under)",
+            ),
         ),
         id="unmodelled-arch",
     ),
@@ -561,3 +565,59 @@ def test_bundled_gemma3(bundled_model: Path) -> None:
 def test_integer_key_of_the_wrong_width_is_noted() -> None:
     header = GGUFHeader(path="/m.gguf", metadata=meta("llama", 2, 64, 4), value_types={"llama.block_count": 10})
     assert model_facts(header).notes == ("key llama.block_count is uint64: llama.cpp wants uint32 and refuses it",)
+
+
+MLA = dict(attention__key_length_mla=192, attention__value_length_mla=128)
+NEW_RULES = [
+    pytest.param(
+        # src/models/kimi-linear.cpp: n_head_kv == 0 marks a KDA layer; llama_hparams::n_embd_r/n_embd_s
+        meta(
+            "kimi-linear",
+            2,
+            2048,
+            32,
+            attention__head_count_kv=(0, 1),
+            attention__key_length=576,
+            **MLA,
+            kda__head_dim=128,
+            ssm__conv_kernel=4,
+        ),
+        (
+            LayerKV(False, False, True, 0, 0, 3 * 3 * 32 * 128, 128 * 128 * 32),
+            LayerKV(True, False, False, 576, 0, 0, 0),
+        ),
+        id="kimi-linear-kda",
+    ),
+    pytest.param(
+        # src/models/minimax-01.cpp: every 8th layer attends; the state is one head_dim^2 matrix per head
+        meta("minimax-01", 8, 512, 8),
+        (LayerKV(False, False, True, 512, 512, 0, 64 * 64 * 8),) * 7 + (LayerKV(True, False, False, 512, 512, 0, 0),),
+        id="minimax-01-lightning",
+    ),
+    pytest.param(
+        # llama_kv_cache_dsa: one indexer key head per trunk layer, next to the MLA cache
+        meta("deepseek32", 2, 2048, 16, **DS, **MLA, attention__indexer__key_length=128),
+        (LayerKV(True, False, False, 576, 0, 0, 0, 128),) * 2,
+        id="deepseek32-indexer",
+    ),
+    pytest.param(
+        # src/models/glm-dsa.cpp: a 1M-token context means GLM-5.2 and its default indexer types
+        meta("glm-dsa", 7, 2048, 16, **DS, **MLA, attention__indexer__key_length=64, context_length=1048576),
+        tuple(LayerKV(True, False, False, 576, 0, 0, 0, 64 if il in (0, 1, 2, 6) else 0) for il in range(7)),
+        id="glm-5.2-indexer-types",
+    ),
+    pytest.param(
+        # src/models/nanbeige.cpp: num_loops passes over the stack, each with its own KV
+        meta("nanbeige", 2, 256, 4, num_loops=3),
+        (LayerKV(True, False, False, 256, 256, 0, 0),) * 6,
+        id="nanbeige-loops",
+    ),
+]
+
+
+@pytest.mark.parametrize(("metadata", "layers"), NEW_RULES)
+def test_layers_of_newer_architectures(metadata: dict[str, Any], layers: tuple[LayerKV, ...]) -> None:
+    facts = facts_of(metadata)
+    assert facts.layers == layers
+    assert facts.known_architecture
+    assert not facts.notes
