@@ -39,6 +39,9 @@ class Target:
     # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
     # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
     margin_scale: float = 1.0
+    # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
+    # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
+    kv_f16_copies: bool = False
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -158,21 +161,41 @@ def kv_splits(target: Target, policy: Policy) -> bool:
     return bool(rule == "always")
 
 
-def compute_estimate(facts: ModelFacts, kv: KvPlan) -> int:
-    """An upper estimate of llama.cpp's compute and output buffers (not predicted to the byte).
+def compute_estimate(
+    facts: ModelFacts, kv: KvPlan, req: KvRequest | None = None, *, kv_f16_copies: bool = False
+) -> int:
+    """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
+    `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
 
-    Calibrated on the bundled gemma-3-270m: llama.cpp logs a CPU compute buffer of 24.78 MiB at -c 4096
-    and 84.78 MiB at -c 65536, the growth being the f16 attention mask (n_ubatch x 2 bytes per cell);
-    without flash attention KQ holds f32 per head.
+    - activations of one ubatch: n_ubatch x (8 n_embd + 4 n_ff) f32 (an upper bound; measured on the bundled
+      gemma-3-270m at about a third of it);
+    - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
+      llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
+      one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
+      vocabulary makes this 512 MiB for llama-completion and 4 MiB for llama-server at -np 4;
+    - the attention mask, n_kv x n_ubatch: f16 with flash attention (measured: 1,003 bytes per cell at
+      -ub 512 on the CPU build), f32 scores per head without it (an upper bound);
+    - with `kv_f16_copies` and a quantized K or V under flash attention: f16 copies of one layer's K and V
+      for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
+      of 256, beside the 2 x 512-byte mask row).
     """
     ctx = kv.context
     n_embd = facts.embedding_length
     n_ff = max(facts.feed_forward_length, n_embd)
     n_head = max(facts.head_count, default=1)
     per_token = (8 * n_embd + 4 * n_ff) * 4
-    mask = ctx.n_ctx_seq * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
-    logits = facts.vocab_size * 4 * max(ctx.n_seq_max, 1)
-    return ctx.n_ubatch * per_token + mask + logits
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
+    mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
+    tool = req.tool if req is not None else "server"
+    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
+    logits = facts.vocab_size * 4 * n_outputs
+    copies = 0
+    if kv_f16_copies and kv.flash_attn and req is not None:
+        width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
+        width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
+        per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
+        copies = n_kv * per_cell
+    return ctx.n_ubatch * per_token + mask + logits + copies
 
 
 def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
@@ -293,7 +316,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
         for place in devices:
             add("host", "kv", out.get(place, {}).get("kv", 0))
-    compute = compute_estimate(facts, kv) + target.compute_extra
+    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies) + target.compute_extra
     add(main, "compute", compute)
     if layout.mmproj_bytes:
         add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)

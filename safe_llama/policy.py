@@ -28,6 +28,7 @@ class Policy:
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
     openvino_q8: bool
+    kv_f16_copy_backends: tuple[str, ...] = ()  # [compute] kv_f16_copies
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
         return table.get(backend, table.get("default"))
@@ -118,4 +119,5 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),
         openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
+        kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t.get("kv_f16_copies", ())), {}),
     )
