@@ -143,13 +143,15 @@ def run_case(name: str, args: list[str], ns: argparse.Namespace, env: dict[str, 
     (Path(ns.logs) / f"{name}-safe-llama.log").write_text(log)
     chosen = [int(m) for m in _SLOT_CTX.findall(log)]
     binary = str(Path(ns.bin_dir) / "llama-server")
-    if ready and chosen and final:
+    if ready and chosen and final and ns.budget > 0:
         best, tried = largest(binary, final, plan_env, chosen[-1],
                               ns.timeout, ns.budget)  # fmt: skip
         row["largest_that_starts"] = best
         row["bisection_starts"] = tried
         row["chosen"] = chosen[-1]
         row["ratio"] = round(chosen[-1] / best, 4) if best else None
+    if ns.no_bare:
+        return row
     bare_ready, bare_code, bare_log, bare_took = start([binary, "-m", ns.model, *args, "-lv", "4"], env, ns.timeout)
     (Path(ns.logs) / f"{name}-bare.log").write_text(bare_log)
     bare_ctx = [int(m) for m in _SLOT_CTX.findall(bare_log)]
@@ -166,7 +168,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--logs", default=".")
     ap.add_argument("--timeout", type=float, default=180)
-    ap.add_argument("--budget", type=int, default=9, help="bisection starts per case")
+    ap.add_argument("--budget", type=int, default=9, help="bisection starts per case (0: no bisection)")
+    ap.add_argument("--no-bare", action="store_true", help="skip bare llama-server")
     ns = ap.parse_args()
     Path(ns.logs).mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}

@@ -139,6 +139,19 @@ class TargetDevice:
     warnings: tuple[str, ...] = ()
 
 
+HOST_LIMIT_KINDS = ("ram", "cgroup", "address space")
+
+
+@dataclass(frozen=True)
+class HostLimit:
+    """One limit on the host side, and what it counts: "ram" (free RAM: what must stay resident),
+    "cgroup" (what the kernel charges and cannot reclaim: anonymous and locked memory, not the page cache of
+    mapped weights), "address space" (RLIMIT_AS: every mapping, the whole model file and untouched reserves)."""
+
+    kind: str  # one of HOST_LIMIT_KINDS
+    budget: Sourced[int]
+
+
 @dataclass(frozen=True)
 class HostBudget:
     total: Sourced[int]
@@ -148,6 +161,7 @@ class HostBudget:
     rlimit_as: Sourced[int] | None  # None = unlimited
     budget_bytes: Sourced[int]  # the smallest applicable figure; detail names it
     note: str
+    limits: tuple[HostLimit, ...] = ()  # every limit that applies, each checked with its own accounting
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -187,14 +201,16 @@ def parse_profile(key: str, path: str, data: Mapping[str, Any]) -> DeviceProfile
 
 
 def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -> HostBudget:
-    """The memory a launched llama.cpp may use: the smallest of available RAM, the cgroup's headroom and
-    RLIMIT_AS, unless the user declared a budget. Page cache the cgroup may reclaim counts as free, as the
-    kernel drops it before an OOM kill (the working set, as kubelet counts it)."""
+    """The memory a launched llama.cpp may use: available RAM, the cgroup's headroom and RLIMIT_AS, each a
+    limit of its own kind (they count different things), the smallest shown as the budget; or the budget
+    the user declared. Page cache the cgroup may reclaim counts as free, as the kernel drops it before an
+    OOM kill (the working set, as kubelet counts it). Swap is not counted: a KV cache paged out to swap is
+    read back for every token."""
     total = Sourced(host.total_bytes, "probed", "psutil: physical RAM")
     available = Sourced(host.available_bytes, "probed", "psutil: MemAvailable")
     cgroup = host.cgroup
     cg_max = cg_cur = None
-    candidates = [available]
+    limits = [HostLimit("ram", available)]
     if cgroup is not None:
         label = f"cgroup v{cgroup.version}"
         if cgroup.max_bytes is not None:
@@ -203,24 +219,34 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
         if cgroup.current_bytes is not None:
             file = "memory.current" if cgroup.version == 2 else "memory.usage_in_bytes"
             cg_cur = Sourced(cgroup.current_bytes, "probed", f"{label} {file} in {cgroup.current_dir}")
+        ceilings = []
         if cgroup.max_bytes is not None:
+            ceilings.append((cgroup.max_bytes, "memory.max" if cgroup.version == 2 else "memory.limit_in_bytes"))
+        if cgroup.high_bytes is not None:  # above memory.high the kernel reclaims and throttles hard
+            ceilings.append((cgroup.high_bytes, "memory.high"))
+        if ceilings:
+            ceiling, file = min(ceilings)
             used = cgroup.current_bytes or 0
             reclaimable = min(cgroup.inactive_file_bytes or 0, used)
-            candidates.append(
-                Sourced(
-                    max(cgroup.max_bytes - (used - reclaimable), 0),
-                    "probed",
-                    f"{label} headroom: limit - (usage - {human(reclaimable)} reclaimable page cache)",
+            limits.append(
+                HostLimit(
+                    "cgroup",
+                    Sourced(
+                        max(ceiling - (used - reclaimable), 0),
+                        "probed",
+                        f"{label} headroom: {file} - (usage - {human(reclaimable)} reclaimable page cache)",
+                    ),
                 )
             )
     rlimit = None
     if host.rlimit_as is not None:
         rlimit = Sourced(host.rlimit_as, "probed", "RLIMIT_AS (ulimit -v) of the whole llama.cpp process")
-        candidates.append(rlimit)
+        limits.append(HostLimit("address space", rlimit))
     if declared.host_memory_bytes is not None:
         budget = Sourced(declared.host_memory_bytes, "declared", declared.origin("host_memory", "--host-memory"))
+        limits = [HostLimit("ram", budget)]
     else:
-        budget = min(candidates, key=lambda s: s.value)
+        budget = min((limit.budget for limit in limits), key=lambda s: s.value)
     return HostBudget(
         total=total,
         available=available,
@@ -229,6 +255,7 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
         rlimit_as=rlimit,
         budget_bytes=budget,
         note=host.cgroup_note,
+        limits=tuple(limits),
     )
 
 

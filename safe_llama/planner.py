@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from safe_llama.device_map import DeviceProfile, HostBudget, Sourced, TargetDevice
+from safe_llama.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.kv import KvPlan, KvRequest, block_size, buffers, plan_kv
 from safe_llama.model_facts import ModelFacts
@@ -50,6 +50,15 @@ class Target:
     kv_split: bool | None = None  # None: decided from the backend and the binary's version
     binary_version: str | None = None
     neo_filter: Mapping[str, str] = field(default_factory=dict)
+    # every host limit, each checked with its own accounting; empty: host_budget alone, as RAM (or as
+    # address space when address_space_budget)
+    host_limits: tuple[HostLimit, ...] = ()
+
+    @property
+    def limits_on_host(self) -> tuple[HostLimit, ...]:
+        if self.host_limits:
+            return self.host_limits
+        return (HostLimit("address space" if self.address_space_budget else "ram", self.host_budget),)
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,13 @@ def compute_estimate(
     return ctx.n_ubatch * per_token + mask + logits + copies
 
 
+def host_compute_estimate(kv: KvPlan) -> int:
+    """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
+    attention, f32 without) and 48 MiB of other inputs."""
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + (48 << 20)
+
+
 def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
     for rule in overrides:
         try:
@@ -318,6 +334,10 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
             add("host", "kv", out.get(place, {}).get("kv", 0))
     compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies) + target.compute_extra
     add(main, "compute", compute)
+    if main != "host" and not target.integrated:
+        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
+        # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
+        add("host", "compute", host_compute_estimate(kv))
     if layout.mmproj_bytes:
         add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
@@ -389,27 +409,53 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                     f"{_margin_words(fraction)}",
                 )
             )
-    overheads = policy.address_space_overhead if target.address_space_budget else policy.process_overhead
-    overhead = policy.per_backend(overheads, target.backend)
     host = places.get("host", {})
-    # the model files are mapped whole, whatever part of them a device also holds
-    host_weights = facts.total_weight_bytes + (layout.draft.facts.total_weight_bytes if layout.draft else 0)
+    draft = layout.draft.facts if layout.draft else None
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))
     if target.on_gpu and target.integrated:
         host_other += sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "compute" in k)
-    usable_host = int(target.host_budget.value * (1 - fraction))
-    out.append(
-        Allocation(
-            "host total (process, weights, KV, compute estimate)",
-            overhead + host_weights + host_other,
-            usable_host,
-            f"host budget {human(target.host_budget.value)} ({_origin(target.host_budget)}){_margin_words(fraction)}",
+    # weights of layers kept on the host: RAM must hold them to run at speed
+    host_weights = host.get("weights", 0) + host.get("draft_weights", 0)
+    # an integrated GPU's copies of offloaded weights are buffers in host RAM, charged like any other
+    device_copies = 0
+    if target.on_gpu and target.integrated:
+        device_copies = sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "weights" in k)
+    mapped = layout.load_mode not in _RESIDENT_LOADS
+    for limit in target.limits_on_host:
+        budget = limit.budget.value
+        if limit.kind == "address space":
+            # every mapping counts: the whole file when mapped, reserved but untouched buffers, thread stacks
+            # and malloc arenas (the fixed overhead), the tokenizer, and llama-server's per-cell bookkeeping
+            overhead = policy.per_backend(policy.address_space_overhead, target.backend)
+            overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.address_space_per_cell * kv.context.n_ctx
+            weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
+            usable = budget - policy.address_space_margin
+            what = "host address space (process, mapped model file, KV, compute estimate)"
+            margin = f"less {human(policy.address_space_margin)}"
+        else:
+            overhead = policy.per_backend(policy.process_overhead, target.backend)
+            # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
+            # into memory or locked there count (-lm none, dio, mlock)
+            weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)
+            usable = int(budget * (1 - fraction))
+            what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
+            what += ("weights, " if weights else "") + "KV, compute estimate)"
+            margin = _margin_words(fraction).strip()
+        out.append(
+            Allocation(
+                what,
+                overhead + weights + host_other,
+                usable,
+                f"host budget {human(budget)} ({_origin(limit.budget)}) {margin}",
+            )
         )
-    )
     return tuple(out)
 
 
 _PLAIN = frozenset({"weights", "kv", "compute"})
+# load modes (-lm) that read the weights into allocated or locked memory instead of leaving them to the page cache
+_RESIDENT_LOADS = frozenset({"none", "dio", "mlock", "mmap+mlock"})
 
 
 def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
@@ -647,7 +693,8 @@ def target_from(
     return Target(
         backend=backend if backend != "unknown" else "cpu",
         host_budget=host.budget_bytes,
-        address_space_budget="RLIMIT_AS" in host.budget_bytes.detail,
+        address_space_budget=any(limit.kind == "address space" for limit in host.limits)
+        or "RLIMIT_AS" in host.budget_bytes.detail,
         malloc_arena_max_set=malloc_arena_max_set,
         on_gpu=on_gpu,
         integrated=integrated,
@@ -657,6 +704,7 @@ def target_from(
         kv_split=kv_split,
         binary_version=binary_version,
         neo_filter=dict(device.neo_filter),
+        host_limits=host.limits,
     )
 
 

@@ -24,6 +24,9 @@ class Policy:
     memory_margin_fraction: Mapping[str, float]
     process_overhead: Mapping[str, int]
     address_space_overhead: Mapping[str, int]
+    address_space_per_vocab_token: int
+    address_space_per_cell: int
+    address_space_margin: int
     kv_split: Mapping[str, Any]
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
@@ -115,6 +118,9 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         memory_margin_fraction=field("memory_margin_fraction", lambda t: {k: float(v) for k, v in t.items()}),
         process_overhead=field("process_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
         address_space_overhead=field("address_space_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        address_space_per_vocab_token=field("address_space_bytes_per_vocab_token", int, 0),
+        address_space_per_cell=field("address_space_bytes_per_cell", int, 0),
+        address_space_margin=field("address_space_margin_bytes", int, 0),
         kv_split=field("kv_split", dict),
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),

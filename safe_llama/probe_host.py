@@ -23,6 +23,9 @@ class CgroupMemory:
     current_bytes: int | None  # memory.current / memory.usage_in_bytes of this process's cgroup
     inactive_file_bytes: int | None  # reclaimable page cache the kernel drops before an OOM kill
     current_dir: str
+    high_bytes: int | None = None  # v2 memory.high (the tightest on the way up): reclaim and throttling above it
+    high_dir: str | None = None
+    swap_bytes: int | None = None  # swap the cgroup may use beyond max_bytes (v2 memory.swap.max, v1 memsw - limit)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def read_cgroup_memory(
             if not (leaf / "memory.max").is_file() and not (leaf / "memory.current").is_file():
                 continue  # the memory controller is not enabled here (a v1/v2 hybrid)
             limit, where = _tightest(base, leaf, "memory.max", None)
+            high, high_where = _tightest(base, leaf, "memory.high", None)
+            swap, _ = _tightest(base, leaf, "memory.swap.max", None)
             return (
                 CgroupMemory(
                     version=2,
@@ -103,6 +108,9 @@ def read_cgroup_memory(
                     current_bytes=_int(_read(leaf / "memory.current")),
                     inactive_file_bytes=_stat_field(leaf / "memory.stat", ("inactive_file",)),
                     current_dir=str(leaf),
+                    high_bytes=high,
+                    high_dir=None if high_where is None else str(high_where),
+                    swap_bytes=swap,
                 ),
                 f"cgroup v2 at {leaf}",
             )
@@ -111,6 +119,7 @@ def read_cgroup_memory(
     if v1_path is not None and (base / "memory.limit_in_bytes").is_file():
         leaf = _own_dir(base, v1_path)
         limit, where = _tightest(base, leaf, "memory.limit_in_bytes", _V1_UNLIMITED)
+        memsw, _ = _tightest(base, leaf, "memory.memsw.limit_in_bytes", _V1_UNLIMITED)
         return (
             CgroupMemory(
                 version=1,
@@ -119,6 +128,7 @@ def read_cgroup_memory(
                 current_bytes=_int(_read(leaf / "memory.usage_in_bytes")),
                 inactive_file_bytes=_stat_field(leaf / "memory.stat", ("total_inactive_file", "inactive_file")),
                 current_dir=str(leaf),
+                swap_bytes=None if memsw is None or limit is None else max(memsw - limit, 0),
             ),
             f"cgroup v1 memory controller at {leaf}",
         )

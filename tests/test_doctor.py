@@ -293,7 +293,7 @@ def test_directories(cache: Directory, problems: tuple[str, ...], expected: str)
     [
         pytest.param(host(20 * GIB), "pass", id="plenty"),
         pytest.param(host(GIB), "warn", id="small"),
-        pytest.param(host(100 << 20), "fail", id="below-the-process-itself"),
+        pytest.param(host(50 << 20), "fail", id="below-the-process-itself"),
         pytest.param(host(3 * GIB, rlimit=3 * GIB), "warn", id="ulimit-v"),
     ],
 )
