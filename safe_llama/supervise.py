@@ -1025,8 +1025,11 @@ class _Supervisor:
             return
         if os.WIFSTOPPED(status):
             # The terminal's ^Z (or a read from it in the background) stopped the child's group: stop as
-            # well, so the shell sees the job stopped and gets its terminal back.
-            if not self.child_stopped_by_us and _is_stopped(pid):
+            # well, so the shell sees the job stopped and gets its terminal back. A plain SIGSTOP (a user's
+            # `kill -STOP`, a debugger) is not job control: safe-llama keeps running (and systemd's watchdog
+            # pings pause while /health does not answer).
+            terminal_stop = os.WSTOPSIG(status) in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+            if terminal_stop and not self.child_stopped_by_us and _is_stopped(pid):
                 self._stop_self()
             return
         self.returncode = os.waitstatus_to_exitcode(status)
