@@ -3,8 +3,9 @@
 Owns reading a log of any llama.cpp tool (any verbosity, timestamps or not, colours, a leading `#` comment)
 for the failure (through the signature table) and the facts around it (tool, model, context, backend),
 the plain words (configs/explain.toml), the remedies from the log's numbers or from an exact plan, and
-rendering. Pure but for `run_explain` at the bottom, which reads the file and asks commands.prepare for
-the exact plan; must not load a model, run llama.cpp, or hold planning policy (configs/planner.toml does).
+rendering. Pure but for `run_explain` at the bottom, which reads the log and the model's GGUF header; must
+not probe this machine (no llama.cpp, no OpenCL or sysfs: the log's machine is the one planned for), load a
+model, or hold planning policy (configs/planner.toml does).
 """
 
 from __future__ import annotations
@@ -23,12 +24,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from safe_llama.binaries import TOOL_BINARY
-from safe_llama.device_map import Sourced
+from safe_llama.device_map import HostLimit, Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.kv import block_size, pad, plan_kv, row_bytes
 from safe_llama.list_devices import parse_list_devices
 from safe_llama.llama_args import arg_table, parse, redact_argv, redact_env, rewrite
-from safe_llama.planner import STATEFUL_ENV, Plan, Settings, Target, allocations, kv_splits, plan, with_learned
+from safe_llama.planner import (
+    STATEFUL_ENV,
+    Plan,
+    Settings,
+    Target,
+    allocations,
+    describe,
+    kv_splits,
+    plan,
+    with_learned,
+)
 from safe_llama.policy import Policy
 from safe_llama.signatures import ESCAPES, Failure, Match, SignatureTable, classify, clean_line
 from safe_llama.units import human
@@ -44,6 +55,8 @@ EXIT_CODES: Mapping[Status, int] = {"explained": 0, "no-failure": 1, "unrecognis
 SHRINK = Fraction(3, 4)
 MAX_LINE = 16384  # as signatures.Scanner: a longer line is read on its first MAX_LINE characters
 GRID = 256  # llama.cpp pads n_ctx up to a multiple of 256 (kv.PAD)
+# The host budget planned against when the log names none: no limit; a retry's share of the failed KV stands in.
+UNKNOWN_HOST = 1 << 60
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _LEVEL = re.compile(r"(?:\d+\.\d\d\.\d{3}\.\d{3} |^)(?P<level>[IWED]) ")
@@ -100,6 +113,8 @@ _COMMAND = re.compile(
     r"(?=\s|$)(?P<args>.*)$"
 )
 _SHELL_STOP = (";", "|", "||", "&&", "&", ">", "2>", "2>&1", ">>")
+# The failed run's address-space limit, when the log quotes the shell line that set it (KiB, as bash takes it).
+_ULIMIT_V = re.compile(r"\bulimit -v (?P<kib>\d+)\b")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,6 +205,8 @@ class LogFacts:
     command_env: Mapping[str, str] = field(default_factory=dict)
     command_from: str = ""
     started: bool = False  # the log shows the tool ready or generating
+    address_space_limit: int | None = None  # bytes: a `ulimit -v` the log quotes for the failed run
+    address_space_from: str = ""
     annotation_lines: int = 0  # leading '#' lines: read for a command line only
 
 
@@ -267,6 +284,8 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
         command = parse_command(lines[annotations][1:])
         if command is not None:
             found["command"] = (*command, "the log's header comment")
+        if (limit := _ULIMIT_V.search(lines[annotations])) is not None:
+            found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} in the header comment")
         annotations += 1
     for number, raw in enumerate(lines[annotations:], start=annotations + 1):
         line = clean_line(raw[:MAX_LINE])
@@ -300,6 +319,8 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
             command = parse_command(line)
             if command is not None:
                 found["command"] = (*command, f"the command line on line {number}")
+            if (limit := _ULIMIT_V.search(line)) is not None:
+                found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} on line {number}")
     facts = _facts(found, tools, backends, annotations)
     failure = classify(matches, None)
     return LogReading(
@@ -376,6 +397,8 @@ def _facts(found: Mapping[str, Any], tools: set[str], backends: list[tuple[str, 
         command_from=command[3] if command else "",
         started=bool(found.get("started")),
         annotation_lines=annotations,
+        address_space_limit=found["ulimit"][0] if "ulimit" in found else None,
+        address_space_from=found["ulimit"][1] if "ulimit" in found else "",
     )
 
 
@@ -756,10 +779,12 @@ def plan_remedies(
     user_fit = prepared.cmd.get("--fit") is not None
     as_asked = allocations(prepared.facts, Settings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
     if failure.memory and all(a.fits for a in as_asked):
+        named = [a.limit_words for a in as_asked if a.limit < UNKNOWN_HOST // 2]
         notes.append(
-            f"on this machine now the command fits as asked (host budget {human(target.host_budget.value)}: "
-            f"{target.host_budget.detail}): the failed run had less memory (a ulimit -v, a cgroup limit, "
-            "other programs)"
+            "as asked, the command fits "
+            + (f"every limit the log names ({'; '.join(named)})" if named else "everything the log says of its machine")
+            + ": that run had less memory than it needed (a ulimit -v, a cgroup limit, other programs), and how "
+            "much is not in the log"
         )
         if not kv_failed:
             return [], notes, None
@@ -795,7 +820,7 @@ def plan_remedies(
             Remedy(
                 step,
                 summary,
-                "; ".join(s.reason for s in decided.steps if s.name == step),
+                _remedy_size(decided, step),
                 ready_command(run, decided.argv_changes, decided.env_changes, argv=argv),
                 dict(decided.env_changes),
                 dict(decided.argv_changes),
@@ -803,6 +828,15 @@ def plan_remedies(
             )
         )
     return remedies, notes, attempt(None)
+
+
+def _remedy_size(decided: Plan, step: str) -> str:
+    """The remedy's own size against the tightest limit the log names (not the size that failed); a step that
+    moves the allocation off that limit (stateful) says what it did instead."""
+    named = [a for a in decided.allocations if a.limit < UNKNOWN_HOST // 2]
+    if named and step != "stateful":
+        return describe(max(named, key=lambda a: a.bytes / max(a.limit, 1)))
+    return "; ".join(s.reason for s in decided.steps if s.name == step)
 
 
 _STEP_SUMMARY = {
@@ -814,28 +848,31 @@ _STEP_SUMMARY = {
 }
 
 
-def target_for_log(facts: LogFacts, failure: Failure, probed: Target) -> tuple[Target, str | None]:
-    """The device to plan for: this machine's, unless the log shows another backend failing (explain run
-    on another machine than the failure); then a target built from the log, with this host's budget."""
-    backend = facts.backend
-    on_gpu = bool(facts.on_gpu)
-    if backend is None or (backend == probed.backend and on_gpu == probed.on_gpu):
-        return probed, None
-    from_log = Target(
+def log_target(facts: LogFacts, failure: Failure, policy: Policy) -> tuple[Target, str | None]:
+    """The machine that wrote the log, as far as the log tells: its backend and device, the limit its own
+    error named, a `ulimit -v` it quotes. Nothing of this machine: explain may run anywhere."""
+    backend = facts.backend or "cpu"
+    on_gpu = bool(facts.on_gpu) and backend != "cpu"
+    limits: tuple[HostLimit, ...] = ()
+    budget = Sourced(UNKNOWN_HOST, "declared", "not in the log")
+    if facts.address_space_limit is not None:
+        budget = Sourced(facts.address_space_limit, "declared", facts.address_space_from)
+        limits = (HostLimit("address space", budget),)
+    target = Target(
         backend=backend,
-        host_budget=probed.host_budget,
-        address_space_budget=probed.address_space_budget,
+        host_budget=budget,
+        address_space_budget=bool(limits),
         on_gpu=on_gpu,
         integrated=bool(facts.integrated),
         device=facts.device,
+        host_limits=limits,
+        kv_f16_copies=on_gpu and backend in policy.kv_f16_copy_backends,
     )
-    target = with_learned(from_log, failure.limit_bytes if on_gpu else None)
-    where = f"{backend} {'GPU' if on_gpu else 'CPU'}"
-    return target, (
-        f"planned for the device the log shows failing ({where}), not this machine's "
-        f"({probed.backend}{' GPU' if probed.on_gpu else ''}); this machine's host budget stands in for that host's"
-        + ("" if facts.integrated is not None else "; whether that GPU is integrated is not in the log")
-    )
+    target = with_learned(target, failure.limit_bytes if on_gpu else None)
+    note = None
+    if on_gpu and facts.integrated is None:
+        note = "whether that GPU is integrated is not in the log: planned as a discrete one"
+    return target, note
 
 
 def _kv_identity(prepared: Prepared, requested: int | None) -> tuple[str | None, bool]:
@@ -898,7 +935,7 @@ def explain(
             remedies.append(Remedy("fix", fill(fix, values), "", None))
     elif prepared is not None:
         basis = "plan"
-        target, target_note = target_for_log(facts, failure, prepared.target)
+        target, target_note = prepared.target, log_target(facts, failure, policy)[1]
         notes += [target_note] if target_note else []
         identity, whole_cache = _kv_identity(prepared, failure.requested_bytes)
         if whole_cache and failure.limit_bytes is not None and target.kv_split is None:
@@ -1085,11 +1122,17 @@ def _read_input(file: str, stdin: Any) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _exact_inputs(run: FailedRun, failure: Failure, env: Mapping[str, str]) -> tuple[Prepared | None, str | None]:
-    """commands.prepare for the failed command (with the limit the log names), or why not."""
-    from safe_llama.commands import PlanOptions, prepare
+def _model_inputs(
+    run: FailedRun, reading: LogReading, policy: Policy, env: Mapping[str, str]
+) -> tuple[Prepared | None, str | None]:
+    """The failed command with its model's facts (the GGUF header, when the file is here) and the log's
+    machine as the target; or why not. Probes nothing: no llama.cpp, no OpenCL, no sysfs."""
+    from safe_llama.commands import Prepared, layout_for
+    from safe_llama.facts_cache import facts_for
+    from safe_llama.request import to_request
 
-    if run.model_path is None:
+    failure = reading.failure
+    if run.model_path is None or failure is None:
         return None, None
     if not os.path.isfile(run.model_path):
         return None, (
@@ -1097,12 +1140,16 @@ def _exact_inputs(run: FailedRun, failure: Failure, env: Mapping[str, str]) -> t
             "numbers (give it with -m MODEL to plan exactly)"
         )
     try:
-        prepared = prepare(run.tool, list(run.args), env, PlanOptions(learned_max_alloc=failure.limit_bytes))
+        cmd = parse(run.tool, list(run.args), run.env)
+        request = to_request(cmd)
+        facts = facts_for(run.model_path, env)
+        layout, notes = layout_for(request, None, env)
     except SafeLlamaError as err:
         if err.status in (ExitStatus.USAGE, ExitStatus.BAD_CONFIG):
             raise
         return None, f"no exact plan ({err.message.removeprefix('safe-llama: ')}): working from the log's numbers"
-    return prepared, None
+    target, _ = log_target(reading.facts, failure, policy)
+    return Prepared(cmd, request, run.model_path, facts, target, None, None, None, None, layout, notes), None
 
 
 def run_explain(
@@ -1129,7 +1176,7 @@ def run_explain(
     run = failed_run(reading.facts, args=args, model=model, tool=tool)
     prepared = note = None
     if reading.failure is not None and reading.failure.memory:
-        prepared, note = _exact_inputs(run, reading.failure, env)
+        prepared, note = _model_inputs(run, reading, policy, env)
     expl = explain(reading, run, words, policy, source=file, prepared=prepared, model_note=note)
     stream = sys.stdout if out is None else out
     stream.write(to_json(expl) + "\n" if json_out else render_text(expl))

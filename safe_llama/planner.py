@@ -67,6 +67,10 @@ class Allocation:
     bytes: int
     limit: int
     limit_name: str
+    # the plain words of a reason: who needs the bytes, and the limit with its size and source
+    subject: str = ""
+    limit_words: str = ""
+    n_ctx: int = 0  # the context the bytes were computed at
 
     @property
     def fits(self) -> bool:
@@ -371,8 +375,14 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
     layout = settings.layout
     places = memory_by_place(facts, settings, target)
     out: list[Allocation] = []
+    n_ctx = kv.context.n_ctx
     if target.kv_cap is not None:
-        out.append(Allocation("KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed"))
+        out.append(
+            Allocation(
+                "KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed", "the KV cache",
+                f"the {human(target.kv_cap)} allowed after the start that failed", n_ctx,
+            )
+        )  # fmt: skip
     kv_on_device = target.on_gpu and not settings.stateful and layout.kv_offload
     n_layer = max(facts.block_count, 1)
     offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
@@ -382,22 +392,32 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         margin = policy.per_backend(policy.max_alloc_margin, target.backend)
         limit = target.max_alloc.value - margin
         limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
+        per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
+        per_alloc += f", less a {human(margin)} margin)" if margin else ")"
         if margin:
             limit_name += f" less {human(margin)} margin"
         for cache in kv.caches:
             sizes = buffers(cache.tensor_bytes, target.max_alloc.value if split else None)
             for i, size in enumerate(sizes):
                 label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
+                subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
                 if not split:
                     label += " (one allocation)"
-                out.append(Allocation(label, int(size * device_share), limit, limit_name))
+                    subject += " (one allocation)"
+                if len(kv.caches) > 1:
+                    subject = f"{cache.kind} {subject}"
+                out.append(Allocation(label, int(size * device_share), limit, limit_name, subject, per_alloc, n_ctx))
     fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
     if target.on_gpu and target.device_memory is not None and not target.integrated:
         usable = int(target.device_memory.value * (1 - fraction))
+        total = human(target.device_memory.value)
         for place, items in places.items():
             if place == "host":
                 continue
             what = ", ".join(k.replace("_", " ") for k in items)
+            usable_words = (
+                f"its {human(usable)} usable ({total} {_origin(target.device_memory)}{_margin_words(fraction)})"
+            )
             out.append(
                 Allocation(
                     "device total (weights, KV, compute estimate)"
@@ -407,6 +427,9 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                     usable,
                     f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
                     f"{_margin_words(fraction)}",
+                    f"{place} ({what.replace('kv', 'KV')})",
+                    usable_words,
+                    n_ctx,
                 )
             )
     host = places.get("host", {})
@@ -433,6 +456,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             usable = budget - policy.address_space_margin
             what = "host address space (process, mapped model file, KV, compute estimate)"
             margin = f"less {human(policy.address_space_margin)}"
+            subject = "the address space (process, mapped model file, KV, compute)"
         else:
             overhead = policy.per_backend(policy.process_overhead, target.backend)
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
@@ -442,12 +466,17 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
             what += ("weights, " if weights else "") + "KV, compute estimate)"
             margin = _margin_words(fraction).strip()
+            subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
+            subject += ("weights, " if weights else "") + "KV, compute)"
         out.append(
             Allocation(
                 what,
                 overhead + weights + host_other,
                 usable,
                 f"host budget {human(budget)} ({_origin(limit.budget)}) {margin}",
+                subject,
+                f"its {human(usable)} usable ({human(budget)} {_origin(limit.budget)}{', ' * bool(margin)}{margin})",
+                n_ctx,
             )
         )
     return tuple(out)
@@ -500,8 +529,12 @@ def _kv_quant_ok(facts: ModelFacts, type_name: str) -> bool:
     return all(k % blk == 0 for k in facts.key_length if k)
 
 
-def _describe(a: Allocation) -> str:
-    return f"{a.name} {human(a.bytes)} > {a.limit_name}"
+def describe(a: Allocation) -> str:
+    """One allocation against its limit in plain words: "CUDA0 (weights, KV, compute) 164.25 GiB at
+    -c 2000128 is above its 137.00 GiB usable (139.80 GiB probed: ..., less 2%)"."""
+    at = f" at -c {a.n_ctx}" if a.n_ctx else ""
+    where = "within" if a.fits else "above"
+    return f"{a.subject or a.name} {human(a.bytes)}{at} is {where} {a.limit_words or a.limit_name}"
 
 
 def plan(
@@ -575,7 +608,7 @@ def plan(
             settings = replace(settings, stateful=True, kv=new_kv)
             env[STATEFUL_ENV] = "1"
             extra = ", one slot (-np 1) as it requires" if "--parallel" in changes else ""
-            taken.append(Step("stateful", f"{_describe(worst)}: stateful execution keeps the KV in host RAM{extra}"))
+            taken.append(Step("stateful", f"{describe(worst)}: keeping the KV in host RAM ({STATEFUL_ENV}=1){extra}"))
         elif step in ("kv-q8", "kv-q4"):
             new_type = "q8_0" if step == "kv-q8" else "q4_0"
             kv = settings.kv
@@ -592,7 +625,13 @@ def plan(
                 continue
             settings = replace(settings, kv=replace(kv, type_k=new_type, type_v=new_type, flash_attn="on"))
             changes.update({"--cache-type-k": new_type, "--cache-type-v": new_type, "--flash-attn": "on"})
-            taken.append(Step(step, f"{_describe(worst)}: {new_type} KV cache (flash attention on, as it requires)"))
+            taken.append(
+                Step(
+                    step,
+                    f"{describe(worst)}: a {new_type} KV cache "
+                    f"(-ctk {new_type} -ctv {new_type}, with -fa on as it requires)",
+                )
+            )
         elif step == "ctx":
             best = largest_ctx(facts, settings, target, policy, floor, asked_ctx)
             chosen = best if best is not None else min(floor, asked_ctx)
@@ -601,7 +640,7 @@ def plan(
             settings = replace(settings, kv=replace(settings.kv, n_ctx=chosen))
             changes["--ctx-size"] = str(chosen)
             ctx_applied = True
-            ctx_reason = f"{_describe(worst)}: context {asked_ctx} -> "
+            ctx_reason = f"{describe(worst)}: -c "
             taken.append(Step("ctx", f"{ctx_reason}{chosen}, the largest that fits"))
         elif step == "ngl":
             if not target.on_gpu or target.integrated:
@@ -616,7 +655,9 @@ def plan(
             chosen_ngl = 0 if best_ngl is None else best_ngl
             settings = replace(settings, n_gpu_layers=chosen_ngl)
             changes["--gpu-layers"] = str(chosen_ngl)
-            taken.append(Step("ngl", f"{_describe(worst)}: {chosen_ngl} of {n_layer} layers on the GPU"))
+            taken.append(
+                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {chosen_ngl} of {n_layer} layers on the GPU")
+            )
     if ctx_applied and _fits(facts, settings, target, policy):
         # a later step freed memory: give the context back, up to what was asked
         best = largest_ctx(facts, settings, target, policy, floor, asked_ctx)
@@ -630,7 +671,7 @@ def plan(
         worst = _worst(allocs)
         raise SafeLlamaError(
             f"safe-llama: nothing fits: even at -c {settings.kv.n_ctx or asked_ctx} with {settings.kv.type_k} KV, "
-            f"{_describe(worst)}",
+            f"{describe(worst)}",
             ExitStatus.NOTHING_FITS,
         )
     if policy.skip_llama_fit and not user_fit_set and (not target.on_gpu or settings.n_gpu_layers is not None):

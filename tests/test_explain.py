@@ -437,3 +437,54 @@ def test_the_command_line_exit_code_when_nothing_failed(clean_env: dict[str, str
     from safe_llama.cli import main
 
     assert main(["explain", str(LOGS / "completion-ready.log")]) == 1
+
+
+def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(
+    tmp_path: Path, clean_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """explain reads the log and the model's GGUF header only: no subprocess (llama.cpp --list-devices), no
+    OpenCL or sysfs probe. Each planned remedy states its own size, under the `ulimit -v` the log quotes."""
+    import os as os_module
+
+    from safe_llama import devices, probe_opencl, probe_sysfs, proc
+
+    def probed(*_: object, **__: object) -> None:
+        raise AssertionError("explain probed this machine")
+
+    monkeypatch.setattr(subprocess, "Popen", probed)
+    monkeypatch.setattr(os_module, "posix_spawn", probed)
+    for module, name in (
+        (proc, "run_capture"), (devices, "probe_devices"), (probe_opencl, "probe_opencl_isolated"),
+        (probe_sysfs, "probe_sysfs"),
+    ):  # fmt: skip
+        monkeypatch.setattr(module, name, probed)
+    model = write_metadata_gguf(tmp_path / "llama-3b.gguf", "llama", LLAMA_3B)
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / "server-kv-oom.log"), model=str(model), json_out=True, env=clean_env, out=out)
+    data = json.loads(out.getvalue())
+    assert code == 0 and data["basis"] == "plan"
+    ctx = next(r for r in data["remedies"] if r["step"] == "ctx")
+    cells = int(ctx["argv_changes"]["--ctx-size"])
+    assert 0 < cells < 2000128
+    # "... 2.85 GiB at -c 23552 is within its 2.85 GiB usable (2.86 GiB declared: ulimit -v 3000000 ..., less ...)"
+    assert f"at -c {cells} is within its " in ctx["detail"]
+    assert "ulimit -v 3000000" in ctx["detail"] and "215.97 GiB" not in ctx["detail"]
+    size = ctx["detail"].split(" GiB at -c")[0].rsplit(" ", 1)[1]
+    assert float(size) * 2**30 <= 3000000 * 1024
+
+
+def test_a_remedys_size_is_its_own_and_under_the_logs_limit(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """The seed with its model: -c 37376's KV is stated (3.99 GiB), not the 7.00 GiB that failed, and it is
+    under the 4.00 GiB the log names."""
+    model = write_metadata_gguf(tmp_path / "llama-3b.gguf", "llama", LLAMA_3B)
+    out = io.StringIO()
+    run_explain(file=str(LOGS / "openvino-seed.log"), model=str(model), json_out=True, env=clean_env, out=out)
+    data = json.loads(out.getvalue())
+    steps = {r["step"]: r for r in data["remedies"]}
+    assert steps["ctx"]["detail"] == (
+        "KV cache (one allocation) 3.99 GiB at -c 37376 is within the GPU's 4.00 GiB limit per allocation "
+        "(learned, less a 4.00 MiB margin)"
+    )
+    assert data["limit_bytes"] - 4 * 2**20 > 114688 * 37376
+    assert steps["kv-q4"]["detail"].startswith("KV cache (one allocation) 1.97 GiB at -c 65536 is within")
+    assert "7.00 GiB" not in steps["ctx"]["detail"] + steps["kv-q4"]["detail"]

@@ -51,7 +51,10 @@ def test_seed_old_build_goes_stateful(policy: Policy) -> None:
     assert [s.name for s in p.steps] == ["stateful"]
     assert p.env_changes == {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"}
     assert "--ctx-size" not in p.argv_changes
-    assert "7.00 GiB" in p.steps[0].reason and "one allocation" in p.steps[0].reason
+    assert p.steps[0].reason == (
+        "KV cache (one allocation) 7.00 GiB at -c 65536 is above the GPU's 4.00 GiB limit per allocation "
+        "(profile, less a 4.00 MiB margin): keeping the KV in host RAM (GGML_OPENVINO_STATEFUL_EXECUTION=1)"
+    )
     assert p.kv.total_bytes == 7_516_192_768
     assert p.fits
 
@@ -214,7 +217,8 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     p = plan(facts, KvRequest(tool="server", n_ctx=65536, n_parallel=1), target, policy)
     chosen = int(p.argv_changes["--ctx-size"])
     assert 4096 <= chosen < 65536
-    assert "host budget 2.00 GiB (probed: cgroup v2 headroom" in p.steps[0].reason
+    assert "cgroup charge (process, KV, compute) 7.25 GiB at -c 65536" in p.steps[0].reason
+    assert "above its 1.96 GiB usable (2.00 GiB probed: cgroup v2 headroom" in p.steps[0].reason
     assert p.allocations[-1].limit == int(2 * GIB * (1 - policy.memory_margin_fraction["default"]))
 
 
@@ -241,7 +245,7 @@ def test_context_given_back_after_a_later_step(policy: Policy) -> None:
     assert [s.name for s in p.steps][:2] == ["ctx", "kv-q8"]
     chosen = int(p.argv_changes["--ctx-size"])
     assert chosen > 4096 and p.kv.caches[0].type_k == "q8_0"
-    assert p.steps[0].reason.endswith(f"-> {chosen}, the largest that fits with the steps after it")
+    assert p.steps[0].reason.endswith(f": -c {chosen}, the largest that fits with the steps after it")
 
 
 def test_a_broken_user_config_is_named(tmp_path: Path) -> None:
