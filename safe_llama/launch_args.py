@@ -213,7 +213,7 @@ def plan_options(
 
 
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> Any:
-    from safe_llama.launch import DEFAULT_ATTEMPTS, LaunchOptions
+    from safe_llama.commands import DEFAULT_ATTEMPTS, LaunchOptions
 
     def number(key: str) -> int | None:
         if key not in settings:
