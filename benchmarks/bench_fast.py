@@ -75,6 +75,7 @@ def main() -> int:
     cache = Path(tempfile.mkdtemp())
     base = {**os.environ, "SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(cache)}
     base.pop("PYTHONDONTWRITEBYTECODE", None)
+    base["PYTHONSAFEPATH"] = "1"  # `python -c` would put the working directory (this tree) before PYTHONPATH
     py = sys.executable
     trees = {"this": ROOT, **{Path(t).name: Path(t).resolve() for t in opts.tree}}
     envs = {name: {**base, "PYTHONPATH": str(tree)} for name, tree in trees.items()}
