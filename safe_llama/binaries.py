@@ -8,7 +8,6 @@ only stats files.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -84,6 +83,8 @@ def locate_binary(
         if not os.access(path, os.X_OK) or path.is_dir():
             raise SafeLlamaError(f"safe-llama: {path} ({source}): not executable", ExitStatus.NOT_EXECUTABLE)
         return path, source
+    import shutil  # here: it imports the compression modules, which a pass-through exec never needs
+
     for directory in env.get("PATH", "").split(os.pathsep):
         if not directory:
             continue

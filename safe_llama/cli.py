@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
 from safe_llama import __version__
+from safe_llama.entry import TOOLS
 from safe_llama.errors import ExitStatus, SafeLlamaError
-
-if TYPE_CHECKING:
-    from safe_llama.commands import PlanOptions
 
 
 def _epilog() -> str:
@@ -49,8 +47,6 @@ app = typer.Typer(
 
 # Everything after the tool name belongs to llama.cpp, --help included.
 PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False, "allow_extra_args": True}
-
-TOOLS = ("cli", "server", "completion")
 
 
 def _version(value: bool) -> None:
@@ -95,44 +91,6 @@ KvSplitOpt = Annotated[
 ]
 
 
-def plan_options(
-    *,
-    ladder: str | None,
-    min_ctx: int | None,
-    profile: str | None,
-    max_alloc: str | None,
-    device_memory: str | None,
-    integrated: bool | None,
-    host_memory: str | None,
-    llama_bin: str | None,
-    llama_version: str | None,
-    kv_split: bool | None,
-    origins: Mapping[str, str] | None = None,
-) -> PlanOptions:
-    from safe_llama.commands import PlanOptions
-    from safe_llama.devices import declared_limits
-    from safe_llama.policy import STEPS
-
-    steps = None
-    if ladder is not None:
-        steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
-        bad = [s for s in steps if s not in STEPS]
-        if bad:
-            raise SafeLlamaError(
-                f"safe-llama: --ladder: unknown step '{bad[0]}' (one of {', '.join(STEPS)})", ExitStatus.USAGE
-            )
-    if min_ctx is not None and min_ctx < 1:
-        raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
-    declared = declared_limits(
-        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
-        host_memory=host_memory, origins=origins,
-    )  # fmt: skip
-    return PlanOptions(
-        ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
-        kv_split=kv_split,
-    )  # fmt: skip
-
-
 @app.command(context_settings=PASSTHROUGH)
 def plan(
     tool: Annotated[str, typer.Argument(help="cli, server or completion")],
@@ -150,21 +108,13 @@ def plan(
     kv_split: KvSplitOpt = None,
 ) -> None:
     """Show what llama.cpp will allocate for a command line, and the settings that fit."""
-    from dataclasses import replace
+    from safe_llama.entry import run_plan
 
-    from safe_llama import commands, launch_args
-
-    # the same resolution as the launch: these options over SAFE_LLAMA_* over the config file
-    typed = {
-        "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
-        "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
-        "llama_version": llama_version,
-        "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
-    }  # fmt: skip
-    given = {k: v for k, v in typed.items() if v is not None}
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    options = replace(launch_args.launch_options(settings, origins).plan, kv_split=kv_split)
-    code = commands.plan_command(tool=_check_tool(tool), args=list(args or []), json_out=json_out, options=options)
+    code = run_plan(
+        tool=_check_tool(tool), args=list(args or []), json_out=json_out, ladder=ladder, min_ctx=min_ctx,
+        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
+        host_memory=host_memory, llama_bin=llama_bin, llama_version=llama_version, kv_split=kv_split,
+    )  # fmt: skip
     if code:
         raise typer.Exit(code)
 
@@ -295,86 +245,36 @@ def _completion(args: ToolArgs = None) -> None:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
-    import os
+    from safe_llama.entry import launch
 
-    from safe_llama import launch, launch_args
-    from safe_llama.passthrough import exec_if_no_model
-
-    exec_if_no_model(tool, args, os.environ, given)  # help, version, usage errors: llama.cpp's own
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    return launch.run(tool, args, os.environ, launch_args.launch_options(settings, origins))
-
-
-def _drop_in(tool: str, argv: list[str] | None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    return _guarded(lambda: _launch(tool, list(args), {}))
-
-
-def main_cli(argv: list[str] | None = None) -> int:
-    """safe-llama-cli: exactly llama-cli's arguments."""
-    return _drop_in("cli", argv)
-
-
-def main_server(argv: list[str] | None = None) -> int:
-    """safe-llama-server: exactly llama-server's arguments."""
-    return _drop_in("server", argv)
-
-
-def main_completion(argv: list[str] | None = None) -> int:
-    """safe-llama-completion: exactly llama-completion's arguments."""
-    return _drop_in("completion", argv)
+    return launch(tool, args, given)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: a launch goes straight to the launcher (no typer on that path); everything
-    else runs the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
-    import os
+    """The typer app (help, --version, the admin commands); entry.main sends launches and plans past it."""
+    from safe_llama.entry import main as entry_main
 
-    from safe_llama.launch_args import DROP_IN, split
-
-    args = sys.argv[1:] if argv is None else argv
-    name = os.path.basename(sys.argv[0])
-    if argv is None and name in DROP_IN:
-        return _drop_in(DROP_IN[name], args)
-    try:
-        request = split(args)
-    except SafeLlamaError as err:
-        sys.stderr.write(f"{err.message}\n")
-        return int(err.status)
-    if request is not None:
-        return _guarded(lambda: _launch(request.tool, list(request.args), dict(request.settings)))
-    return _guarded(lambda: _run_app(args))
+    return entry_main(argv)
 
 
-def _run_app(args: list[str]) -> int:
+def run_app(args: list[str]) -> int:
     # without standalone mode click returns a command's typer.Exit code instead of raising it
-    return int(app(args=args, prog_name="safe-llama", standalone_mode=False) or 0)
+    return _guarded(lambda: int(app(args=args, prog_name="safe-llama", standalone_mode=False) or 0))
 
 
 def _guarded(body: Callable[[], int]) -> int:
-    """Maps every failure to a documented exit code; a message, never a traceback, for known errors."""
-    try:
-        return body()
-    except SafeLlamaError as err:
-        sys.stderr.write(f"{err.message}\n")
-        return int(err.status)
-    except typer.Exit as done:
-        return int(done.exit_code)
-    except KeyboardInterrupt:
-        return int(ExitStatus.INTERRUPTED)
-    except typer.Abort:
-        return int(ExitStatus.INTERRUPTED)
-    except Exception as err:  # the command line's usage errors, and the unexpected
-        show = getattr(err, "show", None)
-        if callable(show) and isinstance(getattr(err, "exit_code", None), int):  # typer's (vendored click) usage
-            show()
-            return int(ExitStatus.USAGE)
-        if os.environ.get("SAFE_LLAMA_DEBUG"):
-            import traceback
+    """entry.guarded, with typer's own ways out (Exit, Abort) mapped to their codes."""
+    from safe_llama.entry import guarded
 
-            traceback.print_exc()
-        sys.stderr.write(f"safe-llama: internal error: {type(err).__name__}: {err} (SAFE_LLAMA_DEBUG=1 for details)\n")
-        return int(ExitStatus.INTERNAL)
+    def typer_codes() -> int:
+        try:
+            return body()
+        except typer.Exit as done:
+            return int(done.exit_code)
+        except typer.Abort:
+            return int(ExitStatus.INTERRUPTED)
+
+    return guarded(typer_codes)
 
 
 if __name__ == "__main__":

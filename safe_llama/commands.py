@@ -54,6 +54,19 @@ class PlanOptions:
     margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
 
 
+DEFAULT_ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launch's options; beside PlanOptions so `plan` resolves them without importing the launcher."""
+
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    predict: bool = True  # False: the first attempt runs the command line as given
+    attempts: int = DEFAULT_ATTEMPTS
+    remember: bool = True
+
+
 @dataclass(frozen=True)
 class Prepared:
     cmd: CommandLine

@@ -11,12 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_llama.binaries import find_binary
-from safe_llama.commands import PlanOptions, Prepared, final_argv, prepare, replan
+from safe_llama.commands import LaunchOptions, PlanOptions, Prepared, final_argv, prepare, replan
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.llama_args import redact_argv
 from safe_llama.paths import cache_dir
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from safe_llama.signatures import Failure, SignatureTable
     from safe_llama.supervise import ReadinessProbe, Stream, Verdict
 
-DEFAULT_ATTEMPTS = 4
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
@@ -38,14 +37,6 @@ _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.ma
 # seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
 # under ulimit -v a context just past the limit aborts there (std::system_error, exit 134) once ready.
 _READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion"})
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    plan: PlanOptions = field(default_factory=PlanOptions)
-    predict: bool = True  # False: the first attempt runs the command line as given
-    attempts: int = DEFAULT_ATTEMPTS
-    remember: bool = True
 
 
 def _remember_key(prepared: Prepared, binary: Path) -> str:

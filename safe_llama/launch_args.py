@@ -8,10 +8,13 @@ Pure but for reading the config file.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import config_dir
+
+if TYPE_CHECKING:
+    from safe_llama.commands import PlanOptions
 
 TOOLS = ("cli", "server", "completion")
 DROP_IN = {"llama-cli": "cli", "llama-server": "server", "llama-completion": "completion"}
@@ -171,9 +174,46 @@ def _truthy(value: str | None, default: bool) -> bool:
     return value.lower() not in ("0", "false", "no", "off")
 
 
+def plan_options(
+    *,
+    ladder: str | None,
+    min_ctx: int | None,
+    profile: str | None,
+    max_alloc: str | None,
+    device_memory: str | None,
+    integrated: bool | None,
+    host_memory: str | None,
+    llama_bin: str | None,
+    llama_version: str | None,
+    kv_split: bool | None,
+    origins: Mapping[str, str] | None = None,
+) -> PlanOptions:
+    from safe_llama.commands import PlanOptions
+    from safe_llama.devices import declared_limits
+    from safe_llama.policy import STEPS
+
+    steps = None
+    if ladder is not None:
+        steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
+        bad = [s for s in steps if s not in STEPS]
+        if bad:
+            raise SafeLlamaError(
+                f"safe-llama: --ladder: unknown step '{bad[0]}' (one of {', '.join(STEPS)})", ExitStatus.USAGE
+            )
+    if min_ctx is not None and min_ctx < 1:
+        raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
+    declared = declared_limits(
+        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
+        host_memory=host_memory, origins=origins,
+    )  # fmt: skip
+    return PlanOptions(
+        ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
+        kv_split=kv_split,
+    )  # fmt: skip
+
+
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> Any:
-    from safe_llama.cli import plan_options
-    from safe_llama.launch import DEFAULT_ATTEMPTS, LaunchOptions
+    from safe_llama.commands import DEFAULT_ATTEMPTS, LaunchOptions
 
     def number(key: str) -> int | None:
         if key not in settings:

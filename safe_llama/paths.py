@@ -48,9 +48,9 @@ def configs_dir(env: Mapping[str, str] = os.environ) -> Path:
     override = env.get("SAFE_LLAMA_CONFIGS")
     if override:
         return Path(override)
-    from importlib.resources import files
-
-    package = Path(str(files("safe_llama")))
+    # importlib.resources.files("safe_llama") names this same directory for a package on disk (the only
+    # kind the Path below can read), at the cost of importing zipfile and tempfile on every launch
+    package = Path(__file__).parent
     packaged = package / "configs"
     return packaged if packaged.is_dir() else package.parent / "configs"
 

@@ -1,4 +1,5 @@
-"""Host memory and the limits this process really runs under: RAM (psutil), cgroup memory, RLIMIT_AS.
+"""Host memory and the limits this process really runs under: RAM (/proc/meminfo, else psutil), cgroup memory,
+RLIMIT_AS.
 
 Owns the only psutil import and the reading of /proc/self/cgroup and the cgroup filesystem (both roots
 are parameters, so tests pass a temporary tree). Must not decide a budget: device_map combines these.
@@ -141,16 +142,38 @@ def read_rlimit_as() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def probe_host(
-    *, proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
-) -> HostMemory:
-    import psutil
+def read_meminfo(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int] | None:
+    """(MemTotal, MemAvailable) in bytes, the two numbers psutil.virtual_memory() reports on Linux, read
+    directly: importing psutil costs more than the rest of a cached plan. None: not Linux, or a kernel
+    before 3.14 (no MemAvailable), where psutil estimates it."""
+    fields: dict[str, int] = {}
+    for line in (_read(meminfo) or "").splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("MemTotal", "MemAvailable"):
+            value = rest.split()
+            if len(value) == 2 and value[1] == "kB" and value[0].isdigit():
+                fields[name] = int(value[0]) * 1024
+    if "MemTotal" in fields and "MemAvailable" in fields:
+        return fields["MemTotal"], fields["MemAvailable"]
+    return None
 
-    memory = psutil.virtual_memory()
+
+def probe_host(
+    *,
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    meminfo: Path = Path("/proc/meminfo"),
+) -> HostMemory:
+    memory = read_meminfo(meminfo)
+    if memory is None:
+        import psutil
+
+        virtual = psutil.virtual_memory()
+        memory = int(virtual.total), int(virtual.available)
     cgroup, note = read_cgroup_memory(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
     return HostMemory(
-        total_bytes=int(memory.total),
-        available_bytes=int(memory.available),
+        total_bytes=memory[0],
+        available_bytes=memory[1],
         cgroup=cgroup,
         cgroup_note=note,
         rlimit_as=read_rlimit_as(),

@@ -8,7 +8,6 @@ nothing. Must not decide which device llama.cpp uses (device_map does).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import json
@@ -17,10 +16,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safe_llama.errors import SafeLlamaError
 from safe_llama.proc import run_capture
+
+if TYPE_CHECKING:
+    import ctypes  # imported where a probe runs: a cached launch never loads it
 
 CL_DEVICE_PCI_BUS_INFO_KHR = 0x410F  # cl_khr_pci_bus_info: struct { cl_uint domain, bus, device, function; }
 RESULT_MARK = "safe-llama-opencl-report "  # drivers may print on stdout too; our line is marked
@@ -125,6 +127,8 @@ def fingerprint(env: Mapping[str, str]) -> str:
 
 def opencl_library() -> ctypes.CDLL | None:
     """The ICD loader pyopencl itself loaded (a wheel bundles its own), so handles are the same loader's."""
+    import ctypes
+
     try:
         with Path("/proc/self/maps").open() as maps:
             loaded = sorted({line.split()[-1] for line in maps if "libOpenCL" in line and "/" in line})
@@ -140,6 +144,8 @@ def opencl_library() -> ctypes.CDLL | None:
 
 def pci_bus_info(library: ctypes.CDLL, device_ptr: int) -> tuple[str | None, str]:
     """clGetDeviceInfo(CL_DEVICE_PCI_BUS_INFO_KHR) through ctypes: pyopencl has no attribute for it."""
+    import ctypes
+
     get_info = library.clGetDeviceInfo
     get_info.restype = ctypes.c_int32
     get_info.argtypes = [
@@ -165,6 +171,8 @@ def pci_bus_info(library: ctypes.CDLL, device_ptr: int) -> tuple[str | None, str
 
 
 def _why_no_platforms(env: Mapping[str, str]) -> str:
+    import ctypes
+
     dirs = ", ".join(str(d) for d in _vendor_dirs(env))
     icds = _icd_files(env)
     if not icds:

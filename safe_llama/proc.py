@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +41,8 @@ def run_capture(
     llama-server of its own), not only the first process. A missing or non-executable program raises
     SafeLlamaError with the shell's codes 127/126 and the path in the message.
     """
+    import subprocess  # here: a launch whose probes are all cached never needs it before the spawn
+
     args = [os.fspath(a) for a in argv]
     try:
         child = subprocess.Popen(

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,8 @@ def write_json(path: Path, value: Any) -> None:
     if _writes_off:
         return
     _mkdirs(path.parent)
+    import tempfile  # only a write needs it (and random, which it imports)
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

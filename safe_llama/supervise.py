@@ -25,13 +25,11 @@ import ctypes
 import enum
 import errno
 import fcntl
-import http.client
 import os
 import re
 import select
 import signal
 import socket
-import ssl
 import stat
 import struct
 import subprocess
@@ -40,12 +38,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.probe_host import oom_counters, oom_evidence
 from safe_llama.proc import GUARD_ENV
 from safe_llama.signatures import ESCAPES, Failure, Match, Scanner, SignatureTable, classify
+
+if TYPE_CHECKING:
+    import http.client  # imported by the first health check: cli and completion never need it
 
 # Set in the child's environment; a safe-llama that finds it was started by safe-llama as "llama.cpp".
 
@@ -256,20 +257,15 @@ class GenerationProbe:
         return False
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+def _unix_socket(path: str, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 @dataclass
@@ -301,9 +297,15 @@ class HealthProbe:
         return self.interval
 
     def _connection(self) -> http.client.HTTPConnection:
+        import http.client
+
         if self.unix_socket is not None:
-            return _UnixHTTPConnection(self.unix_socket, self.timeout)
+            conn = http.client.HTTPConnection("localhost", timeout=self.timeout)
+            conn.sock = _unix_socket(self.unix_socket, self.timeout)  # a connection given its socket uses it
+            return conn
         if self.https:
+            import ssl
+
             # The server's own certificate, on this machine: only its answer matters, not its identity.
             context = ssl.create_default_context()
             context.check_hostname = False
@@ -312,9 +314,14 @@ class HealthProbe:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def check(self) -> bool:
+        import http.client
+
         if self.port == 0 and self.unix_socket is None:
             return False
-        conn = self._connection()
+        try:
+            conn = self._connection()
+        except OSError:
+            return False
         try:
             conn.request("GET", self.path, headers={"Connection": "close"})
             response = conn.getresponse()

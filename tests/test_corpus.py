@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from safe_llama.cli import plan_options
 from safe_llama.commands import plan_command
+from safe_llama.launch_args import plan_options
 from safe_llama.llama_args import parse
 from tests.tiny_gguf import write_tiny_gguf
 

@@ -64,7 +64,7 @@ def test_unknown_planner_key_names_the_users_file(tmp_path: Path) -> None:
 def test_a_drop_in_with_a_bad_config_exits_66_before_anything_runs(tmp_path: Path) -> None:
     env = {**_config(tmp_path, '[launcher]\nmin_ctx = "abc"\n'), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from safe_llama.cli import main_server as m; sys.exit(m())", "-c", "1"],
+        [sys.executable, "-c", "import sys; from safe_llama.entry import main_server as m; sys.exit(m())", "-c", "1"],
         env=env, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 66

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from safe_llama.probe_host import probe_host, read_cgroup_memory
+import psutil
+
+from safe_llama.probe_host import probe_host, read_cgroup_memory, read_meminfo
 from safe_llama.proc import run_capture
 
 GIB = 1 << 30
@@ -135,6 +137,20 @@ def test_this_host() -> None:
     host = probe_host()
     assert 0 < host.available_bytes <= host.total_bytes
     assert host.cgroup_note
+
+
+def test_meminfo_is_what_psutil_reports() -> None:
+    read = read_meminfo()
+    assert read is not None
+    assert read[0] == psutil.virtual_memory().total
+    assert abs(read[1] - psutil.virtual_memory().available) < 256 << 20  # the host moves between the reads
+
+
+def test_no_mem_available_falls_back_to_psutil(tmp_path: Path) -> None:
+    write(tmp_path / "meminfo", "MemTotal:       1024 kB\nMemFree:         512 kB\n")
+    assert read_meminfo(tmp_path / "meminfo") is None
+    host = probe_host(meminfo=tmp_path / "meminfo")
+    assert host.total_bytes == psutil.virtual_memory().total
 
 
 def test_oom_counters_and_evidence(tmp_path: Path) -> None:
