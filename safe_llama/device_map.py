@@ -206,8 +206,8 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
     the user declared. Page cache the cgroup may reclaim counts as free, as the kernel drops it before an
     OOM kill (the working set, as kubelet counts it). Swap is not counted: a KV cache paged out to swap is
     read back for every token."""
-    total = Sourced(host.total_bytes, "probed", "psutil: physical RAM")
-    available = Sourced(host.available_bytes, "probed", "psutil: MemAvailable")
+    total = Sourced(host.total_bytes, "probed", f"{host.ram_source}: physical RAM (MemTotal)")
+    available = Sourced(host.available_bytes, "probed", f"{host.ram_source}: MemAvailable")
     cgroup = host.cgroup
     cg_max = cg_cur = None
     limits = [HostLimit("ram", available)]
@@ -568,7 +568,7 @@ def _memory(
         detail = f"llama.cpp --list-devices total of {choice.llama.name}"
         return Sourced(choice.llama.total_bytes, "probed", detail)
     if on_host and host_total is not None:
-        return Sourced(host_total, "probed", "psutil: physical RAM (the device is the host)")
+        return Sourced(host_total, "probed", "physical RAM (MemTotal; the device is the host)")
     if cl_device is not None:
         detail = f"OpenCL CL_DEVICE_GLOBAL_MEM_SIZE of '{cl_device.name}'"
         return Sourced(cl_device.global_mem_size, "probed", detail)

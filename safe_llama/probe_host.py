@@ -36,6 +36,7 @@ class HostMemory:
     cgroup: CgroupMemory | None
     cgroup_note: str  # where the cgroup numbers came from, or why there are none
     rlimit_as: int | None  # None = unlimited
+    ram_source: str = "/proc/meminfo"  # where total and available came from: /proc/meminfo, or psutil
 
 
 def _read(path: Path) -> str | None:
@@ -165,11 +166,13 @@ def probe_host(
     meminfo: Path = Path("/proc/meminfo"),
 ) -> HostMemory:
     memory = read_meminfo(meminfo)
+    source = "/proc/meminfo"
     if memory is None:
         import psutil
 
         virtual = psutil.virtual_memory()
         memory = int(virtual.total), int(virtual.available)
+        source = "psutil"
     cgroup, note = read_cgroup_memory(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
     return HostMemory(
         total_bytes=memory[0],
@@ -177,6 +180,7 @@ def probe_host(
         cgroup=cgroup,
         cgroup_note=note,
         rlimit_as=read_rlimit_as(),
+        ram_source=source,
     )
 
 
