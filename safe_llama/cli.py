@@ -245,8 +245,9 @@ def _completion(args: ToolArgs = None) -> None:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
-    from safe_llama.entry import launch
+    from safe_llama.entry import launch, pass_through_early
 
+    pass_through_early(tool, args, given)  # help, version, usage errors: llama.cpp's own
     return launch(tool, args, given)
 
 

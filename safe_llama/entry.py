@@ -28,7 +28,7 @@ _FLAG_VALUES = {"--json": True, "--integrated": True, "--discrete": False, "--kv
 TOOLS = ("cli", "server", "completion")
 
 
-def _early(tool: str, args: list[str], given: dict[str, str]) -> None:
+def pass_through_early(tool: str, args: list[str], given: dict[str, str]) -> None:
     try:
         exec_if_no_model(tool, args, os.environ, given)
     except SafeLlamaError:
@@ -36,10 +36,10 @@ def _early(tool: str, args: list[str], given: dict[str, str]) -> None:
 
 
 def launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+    """The supervised launch; callers have already handed no-model invocations to llama.cpp (`pass_through_early`)."""
     from safe_llama import launch as launch_module
     from safe_llama import launch_args
 
-    exec_if_no_model(tool, args, os.environ, given)  # help, version, usage errors: llama.cpp's own
     settings, origins = launch_args.resolve_sourced(given, os.environ)
     return launch_module.run(tool, args, os.environ, launch_args.launch_options(settings, origins))
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(err.status)
     if request is not None:
         tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
-        _early(tool, tool_args, given)
+        pass_through_early(tool, tool_args, given)
         return guarded(lambda: launch(tool, tool_args, given))
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drop_in(tool: str, argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    _early(tool, args, {})
+    pass_through_early(tool, args, {})
     return guarded(lambda: launch(tool, args, {}))
 
 
