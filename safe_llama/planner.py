@@ -453,9 +453,11 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.address_space_per_cell * kv.context.n_ctx
             weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
-            usable = budget - policy.address_space_margin
+            # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
+            kept = int(policy.address_space_margin * target.margin_scale)
+            usable = budget - kept
             what = "host address space (process, mapped model file, KV, compute estimate)"
-            margin = f"less {human(policy.address_space_margin)}"
+            margin = f"less {human(kept)}" if kept >= 0 else f"plus {human(-kept)}"
             subject = "the address space (process, mapped model file, KV, compute)"
         else:
             overhead = policy.per_backend(policy.process_overhead, target.backend)
