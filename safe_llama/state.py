@@ -40,7 +40,7 @@ def check_cache(root: Path) -> str | None:
     """Make sure the cache root is a private (0700) directory this user can write; otherwise turn every
     later write off and return one line saying why (a launch then runs without caching or remembering)."""
     try:
-        _mkdirs(root)
+        make_dirs(root)
         st = os.stat(root, follow_symlinks=False)
         if not os.path.isdir(root) or os.path.islink(root):
             raise NotADirectoryError(20, "not a directory")
@@ -59,7 +59,7 @@ def write_json(path: Path, value: Any) -> None:
     """Write to a temp file in the same directory, fsync, then os.replace: readers see old or new."""
     if _writes_off:
         return
-    _mkdirs(path.parent)
+    make_dirs(path.parent)
     import tempfile  # only a write needs it (and random, which it imports)
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -76,15 +76,20 @@ def write_json(path: Path, value: Any) -> None:
         raise
 
 
-def _mkdirs(folder: Path) -> None:
-    """Create folder and its missing parents, each 0700 (mkdir(parents=True) gives parents 0755)."""
+def make_dirs(folder: Path, mode: int = 0o700) -> None:
+    """Create folder and its missing parents, each with `mode` (mkdir(parents=True) gives parents 0755);
+    0755 only for the system-wide install that other users and the service read."""
     missing = []
     while not folder.exists():
         missing.append(folder)
         folder = folder.parent
     for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)
+        try:
+            directory.mkdir(mode=mode)
+        except FileExistsError:
+            continue
+        if mode != 0o700:
+            os.chmod(directory, mode)  # mkdir's mode is filtered by the umask (0700 survives any usual one)
 
 
 def file_key(path: Path) -> str:
