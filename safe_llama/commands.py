@@ -183,7 +183,11 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
     )
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
-    target = replace(target, kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends)
+    target = replace(
+        target,
+        kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,
+        cpu_repack_types=policy.cpu_repack_types,
+    )
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     try:

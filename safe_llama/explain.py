@@ -867,6 +867,7 @@ def log_target(facts: LogFacts, failure: Failure, policy: Policy) -> tuple[Targe
         device=facts.device,
         host_limits=limits,
         kv_f16_copies=on_gpu and backend in policy.kv_f16_copy_backends,
+        cpu_repack_types=policy.cpu_repack_types,
     )
     target = with_learned(target, failure.limit_bytes if on_gpu else None)
     note = None

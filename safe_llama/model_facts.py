@@ -24,7 +24,7 @@ from safe_llama.gguf_header import (
 )
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
-FACTS_SCHEMA = 2  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
+FACTS_SCHEMA = 3  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
 
 Memory = Literal["kv", "none", "recurrent", "hybrid"]
 SwaType = Literal["none", "standard", "chunked", "symmetric"]
@@ -241,6 +241,7 @@ class ModelFacts:
     other_weight_bytes: int  # token_embd, output, norms outside the blocks
     notes: tuple[str, ...]
     tensors: tuple[tuple[str, int], ...] = ()  # (name, bytes) of every tensor: where -ot / -ncmoe put them
+    tensor_types: tuple[str, ...] = ()  # ggml type of each tensor in `tensors` (lower case: q4_0, q4_k, f16)
 
     @property
     def is_swa_model(self) -> bool:
@@ -660,7 +661,17 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         other_weight_bytes=other_bytes,
         notes=tuple(notes),
         tensors=tuple((t.name, t.n_bytes) for t in header.tensors),
+        tensor_types=tuple(_type_name(t.ggml_type) for t in header.tensors),
     )
+
+
+def _type_name(ggml_type: int) -> str:
+    from safe_llama.gguf_constants import constants
+
+    try:
+        return str(constants().GGMLQuantizationType(ggml_type).name).lower()
+    except ValueError:
+        return f"type{ggml_type}"
 
 
 def facts_to_json(facts: ModelFacts) -> dict[str, Any]:
@@ -705,6 +716,7 @@ def facts_to_json(facts: ModelFacts) -> dict[str, Any]:
         "other_weight_bytes": facts.other_weight_bytes,
         "notes": list(facts.notes),
         "tensors": [[name, size] for name, size in facts.tensors],
+        "tensor_types": list(facts.tensor_types),
     }
 
 
@@ -776,5 +788,8 @@ def facts_from_json(d: Mapping[str, Any]) -> ModelFacts:
                     and all(isinstance(t, list) and len(t) == 2 and isinstance(t[0], str) and _is_int(t[1]) for t in v)
                 ),
             )
+        ),
+        tensor_types=tuple(
+            _field(d, "tensor_types", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
         ),
     )

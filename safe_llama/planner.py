@@ -42,6 +42,9 @@ class Target:
     # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
     # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
     kv_f16_copies: bool = False
+    # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
+    # mapped file) for the layers it runs (policy: cpu_repack_types)
+    cpu_repack_types: frozenset[str] = frozenset()
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -269,8 +272,11 @@ def _model_memory(
     split: Sequence[float],
     kv: KvPlan | None,
     kv_offload: bool,
+    repack_types: frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, int]]:
-    """Weights and KV of one model per place ("host" or a device name)."""
+    """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
+    CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
+    input embeddings are read by row and stay in the mapping)."""
     out: dict[str, dict[str, int]] = {}
 
     def add(place: str, item: str, size: int) -> None:
@@ -285,6 +291,7 @@ def _model_memory(
     tensors = facts.tensors or tuple(
         [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
     )
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
     for name, size in tensors:
         il = None
         if name.startswith("blk."):
@@ -300,6 +307,13 @@ def _model_memory(
         if rule is not None:
             place = "host" if rule.to_host else rule.buffer_type
         add(place, "weights", size)
+        if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
+            add(place, "repacked", size)
+    names = {name for name, _ in tensors}
+    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
+        # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
+        # device (TENSOR_DUPLICATED); on the host the two are one mapping
+        add(devices[-1], "weights", dict(tensors)["token_embd.weight"])
     if kv is not None:
         for cache in kv.caches:
             per_layer = cache.total_bytes // max(cache.layers, 1)
@@ -317,13 +331,17 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
 
     Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
-    host prompt_cache (llama-server's -cram: grows in use up to that limit or one context's worth).
+    host repacked (the CPU backend's copies of repacked weights) and prompt_cache (llama-server's -cram:
+    grows in use up to that limit or one context's worth).
     """
     layout = settings.layout
     kv = plan_kv(facts, settings.kv)
     devices = _device_names(target, layout)
     kv_offload = layout.kv_offload and not settings.stateful
-    out = _model_memory(facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload)
+    repack = target.cpu_repack_types
+    out = _model_memory(
+        facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload, repack
+    )
     out.setdefault("host", {})
 
     def add(place: str, item: str, size: int) -> None:
@@ -348,7 +366,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         draft = layout.draft
         draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload, repack
         )
         for place, items in part.items():
             for item, size in items.items():
@@ -460,7 +478,11 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             margin = f"less {human(kept)}" if kept >= 0 else f"plus {human(-kept)}"
             subject = "the address space (process, mapped model file, KV, compute)"
         else:
+            # what the process keeps resident beside its buffers: a fixed part, the tokenizer's tables, the
+            # server's per-cell bookkeeping
             overhead = policy.per_backend(policy.process_overhead, target.backend)
+            overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.process_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

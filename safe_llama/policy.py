@@ -32,6 +32,9 @@ class Policy:
     malloc_arena_max: int
     openvino_q8: bool
     kv_f16_copy_backends: tuple[str, ...] = ()  # [compute] kv_f16_copies
+    process_per_vocab_token: int = 0
+    process_per_cell: int = 0
+    cpu_repack_types: frozenset[str] = frozenset()
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
         return table.get(backend, table.get("default"))
@@ -126,4 +129,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         malloc_arena_max=field("malloc_arena_max", int, 0),
         openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
         kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t.get("kv_f16_copies", ())), {}),
+        process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
+        process_per_cell=field("process_bytes_per_cell", int, 0),
+        cpu_repack_types=field("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),
     )

@@ -56,3 +56,25 @@ def test_moe_flags_against_real_buffers(
     assert weights > 0 and kv > 0
     assert abs(weights - host["weights"] / 2**20) <= 0.01 + 0.005 * weights, (weights, host["weights"] / 2**20)
     assert abs(kv - host["kv"] / 2**20) <= 0.01, (kv, host["kv"] / 2**20)
+
+
+@pytest.mark.slow
+def test_repacked_weights_are_llama_cpps(
+    bundled_model: Path, llama_bin: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The bundled model's q4_K matrices get a second, repacked copy in allocated memory (CPU_REPACK): the
+    plan counts it on the host, to the hundredth of a MiB that llama.cpp prints."""
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    args = ["-m", str(bundled_model), "-c", "4096"]
+    planned = subprocess.run([sys.executable, "-m", "safe_llama", "plan", "--json", "completion", *args],
+                             env=env, capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    result = json.loads(planned.stdout)
+    repacked = result["memory"]["host"]["repacked"] / 2**20
+    real = subprocess.run(
+        [str(llama_bin / "llama-completion"), *result["decision"]["argv"], "-n", "1", "-p", "hi", "-no-cnv",
+         "-lv", "4"],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    log = real.stdout + real.stderr
+    (logged,) = {float(m) for m in re.findall(r"CPU_REPACK model buffer size = +([\d.]+) MiB", log)}
+    assert abs(logged - repacked) <= 0.01, (logged, repacked)

@@ -142,7 +142,7 @@ def test_cpu_budget_reduces_context_exactly(policy: Policy) -> None:
 
 def test_nothing_fits_at_the_floor(policy: Policy) -> None:
     facts = _facts("llama", **LLAMA_3B)
-    target = Target(backend="cpu", host_budget=Sourced(300 << 20, "probed", "RLIMIT_AS"))
+    target = Target(backend="cpu", host_budget=Sourced(150 << 20, "probed", "RLIMIT_AS"))
     with pytest.raises(SafeLlamaError) as err:
         plan(facts, KvRequest(tool="completion", n_ctx=65536), target, policy)
     assert err.value.status == ExitStatus.NOTHING_FITS
@@ -217,7 +217,7 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     p = plan(facts, KvRequest(tool="server", n_ctx=65536, n_parallel=1), target, policy)
     chosen = int(p.argv_changes["--ctx-size"])
     assert 4096 <= chosen < 65536
-    assert "cgroup charge (process, KV, compute) 7.25 GiB at -c 65536" in p.steps[0].reason
+    assert "cgroup charge (process, KV, compute) 7.18 GiB at -c 65536" in p.steps[0].reason
     assert "above its 1.96 GiB usable (2.00 GiB probed: cgroup v2 headroom" in p.steps[0].reason
     assert p.allocations[-1].limit == int(2 * GIB * (1 - policy.memory_margin_fraction["default"]))
 

@@ -43,13 +43,21 @@ def write_tiny_gguf(
     head_count_kv_per_layer: Sequence[int] | None = None,
     sliding_window: int | None = None,
     name: str = "tiny",
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    expert_zeros: bool = False,
+    sparse: bool = False,
 ) -> Path:
     """Write a model and return its path.
 
     n_embd defaults to n_head * head_dim; a different n_embd writes key_length/value_length = head_dim
     (llama, deci and gemma3 take that; qwen2 needs head_dim == n_embd / n_head). Per-layer KV head counts
     that differ between layers need arch="deci", whose tensors are shaped per layer. sliding_window is
-    for gemma3 (every 6th layer full, as llama.cpp's default pattern).
+    for gemma3 (every 6th layer full, as llama.cpp's default pattern). n_expert > 0 writes a Mixtral-style
+    MoE llama (n_ff is each expert's size); expert_zeros fills the experts with f16 zeros instead of
+    random f32, for models of many gigabytes where only the sizes matter. sparse writes the header only and
+    extends the file to its full size with a hole: the same layout in no time and no disk (all weights read
+    as zeros), for planning tests of big models.
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {ARCHITECTURES}, not {arch!r}")
@@ -61,6 +69,8 @@ def write_tiny_gguf(
         raise ValueError(f"KV heads that differ per layer need arch='deci' ({arch} shapes layers like layer 0)")
     if arch == "qwen2" and head_dim * n_head != embd:
         raise ValueError("qwen2 needs head_dim == n_embd / n_head")
+    if n_expert and arch != "llama":
+        raise ValueError("experts are only written for llama (Mixtral's layout: n_ff is each expert's size)")
     if sliding_window is not None and arch != "gemma3":
         raise ValueError("sliding_window is only written for gemma3")
 
@@ -81,10 +91,19 @@ def write_tiny_gguf(
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
+    if n_expert:
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
     n_vocab = _add_vocab(writer, vocab)
 
     def weight(*shape: int) -> np.ndarray:
+        if sparse:  # np.zeros touches no memory; only the shape and type are written
+            return np.zeros(shape, dtype=np.float32)
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def expert(*shape: int) -> np.ndarray:
+        # f16 zeros for big models (GPU sizing runs: gigabytes of experts in seconds), random f32 otherwise
+        return np.zeros(shape, dtype=np.float16) if expert_zeros else weight(*shape)
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -109,9 +128,25 @@ def write_tiny_gguf(
             writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(embd))
             writer.add_tensor(f"{blk}.post_ffw_norm.weight", ones(embd))
         writer.add_tensor(f"{blk}.ffn_norm.weight", ones(embd))
+        if n_expert:
+            writer.add_tensor(f"{blk}.ffn_gate_inp.weight", weight(n_expert, embd))
+            for part, shape in (("gate", (n_ff, embd)), ("up", (n_ff, embd)), ("down", (embd, n_ff))):
+                experts = expert(n_expert, *shape)
+                writer.add_tensor(f"{blk}.ffn_{part}_exps.weight", experts)
+            continue
         writer.add_tensor(f"{blk}.ffn_gate.weight", weight(n_ff, embd))
         writer.add_tensor(f"{blk}.ffn_up.weight", weight(n_ff, embd))
         writer.add_tensor(f"{blk}.ffn_down.weight", weight(embd, n_ff))
+    if sparse:
+        tensors = writer.tensors[0].values()
+        data = sum(gguf.GGUFWriter.ggml_pad(ti.nbytes, writer.data_alignment) for ti in tensors)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        writer.close()
+        start = gguf.GGUFWriter.ggml_pad(out.stat().st_size, writer.data_alignment)
+        os.truncate(out, start + data)
+        return out
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
