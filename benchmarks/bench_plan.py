@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_llama.bundled import bundled_model_path  # noqa: E402
+from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 
 

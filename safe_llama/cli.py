@@ -7,19 +7,18 @@ configs/). Heavy modules are imported inside the commands so `--help` and the la
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
 from safe_llama import __version__
-from safe_llama.entry import TOOLS
+from safe_llama.cmdline.launch_args import TOOLS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
 
 def _epilog() -> str:
-    from safe_llama.launch_args import ENV, HELP, OPTIONS
+    from safe_llama.cmdline.launch_args import ENV, HELP, OPTIONS
 
     lines = [
         "\b",
@@ -108,7 +107,7 @@ def plan(
     kv_split: KvSplitOpt = None,
 ) -> None:
     """Show what llama.cpp will allocate for a command line, and the settings that fit."""
-    from safe_llama.entry import run_plan
+    from safe_llama.commands.plan import run_plan
 
     code = run_plan(
         tool=_check_tool(tool), args=list(args or []), json_out=json_out, ladder=ladder, min_ctx=min_ctx,
@@ -139,7 +138,7 @@ def devices(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Show the devices, the limits that apply to the target, and the host memory budget."""
-    from safe_llama import devices as devices_module
+    from safe_llama.device import devices as devices_module
 
     devices_module.run_devices_command(
         llama_bin=llama_bin,
@@ -166,7 +165,7 @@ def install_shims(
     left alone because a file safe-llama did not make is there)."""
     from pathlib import Path
 
-    from safe_llama import shims
+    from safe_llama.commands import shims
 
     folder = Path(directory) if directory else shims.default_dir()
     lines, ok = shims.install_shims(folder, scripts=shims.scripts_dir(), remove=remove, path=os.environ.get("PATH", ""))
@@ -179,7 +178,7 @@ def install_shims(
 @app.command()
 def forget() -> None:
     """Forget every remembered plan and learned limit."""
-    from safe_llama import remember
+    from safe_llama.run import remember
 
     count = remember.forget()
     typer.echo(f"safe-llama: forgot {count} remembered plan(s)")
@@ -200,7 +199,7 @@ def explain(
     json_out: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
 ) -> None:
     """Explain a failed llama.cpp run from its log, and what would fit (exit 1: no failure recognised)."""
-    from safe_llama import explain as explain_module
+    from safe_llama.commands import explain as explain_module
 
     code = explain_module.run_explain(
         file=file, args=list(args or []), model=model, tool=None if tool is None else _check_tool(tool),
@@ -216,7 +215,7 @@ def doctor(
     refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached probe results.")] = False,
 ) -> None:
     """Check this machine's set-up for llama.cpp, one line each with a fix (exit 1: a check failed)."""
-    from safe_llama import doctor as doctor_module
+    from safe_llama.commands import doctor as doctor_module
 
     code = doctor_module.run_doctor(json_out=json_out, refresh=refresh)
     if code:
@@ -245,17 +244,11 @@ def _completion(args: ToolArgs = None) -> None:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
-    from safe_llama.entry import launch, pass_through_early
+    from safe_llama.run.launch import launch
+    from safe_llama.run.passthrough import pass_through_early
 
     pass_through_early(tool, args, given)  # help, version, usage errors: llama.cpp's own
     return launch(tool, args, given)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The typer app (help, --version, the admin commands); entry.main sends launches and plans past it."""
-    from safe_llama.entry import main as entry_main
-
-    return entry_main(argv)
 
 
 def run_app(args: list[str]) -> int:
@@ -265,7 +258,7 @@ def run_app(args: list[str]) -> int:
 
 def _guarded(body: Callable[[], int]) -> int:
     """entry.guarded, with typer's own ways out (Exit, Abort) mapped to their codes."""
-    from safe_llama.entry import guarded
+    from safe_llama.run.exits import guarded
 
     def typer_codes() -> int:
         try:
@@ -276,7 +269,3 @@ def _guarded(body: Callable[[], int]) -> int:
             return int(ExitStatus.INTERRUPTED)
 
     return guarded(typer_codes)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

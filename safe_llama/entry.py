@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
-from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.launch_args import DROP_IN, split
-from safe_llama.passthrough import exec_if_no_model
+from safe_llama.cmdline.launch_args import DROP_IN, TOOLS, split
+from safe_llama.errors import SafeLlamaError
+from safe_llama.run.exits import guarded
+from safe_llama.run.passthrough import pass_through_early
 
 # `plan`'s own options (cli.plan declares the same for help): name -> (keyword, takes a value)
 PLAN_OPTIONS = {
@@ -25,57 +25,6 @@ PLAN_OPTIONS = {
     "--llama-version": ("llama_version", True), "--kv-split": ("kv_split", False), "--kv-single": ("kv_split", False),
 }  # fmt: skip
 _FLAG_VALUES = {"--json": True, "--integrated": True, "--discrete": False, "--kv-split": True, "--kv-single": False}
-TOOLS = ("cli", "server", "completion")
-
-
-def pass_through_early(tool: str, args: list[str], given: dict[str, str]) -> None:
-    try:
-        exec_if_no_model(tool, args, os.environ, given)
-    except SafeLlamaError:
-        return  # a bad config file or option: the full path reports it
-
-
-def launch(tool: str, args: list[str], given: dict[str, str]) -> int:
-    """The supervised launch; callers have already handed no-model invocations to llama.cpp (`pass_through_early`)."""
-    from safe_llama import launch as launch_module
-    from safe_llama import launch_args
-
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    return launch_module.run(tool, args, os.environ, launch_args.launch_options(settings, origins))
-
-
-def run_plan(
-    *,
-    tool: str,
-    args: list[str],
-    json_out: bool = False,
-    ladder: str | None = None,
-    min_ctx: int | None = None,
-    profile: str | None = None,
-    max_alloc: str | None = None,
-    device_memory: str | None = None,
-    integrated: bool | None = None,
-    host_memory: str | None = None,
-    llama_bin: str | None = None,
-    llama_version: str | None = None,
-    kv_split: bool | None = None,
-) -> int:
-    """`safe-llama plan`: the same resolution as the launch (these options over SAFE_LLAMA_* over the config
-    file), then the plan printed."""
-    from dataclasses import replace
-
-    from safe_llama import commands, launch_args
-
-    typed = {
-        "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
-        "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
-        "llama_version": llama_version,
-        "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
-    }  # fmt: skip
-    given = {k: v for k, v in typed.items() if v is not None}
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    options = replace(launch_args.launch_options(settings, origins).plan, kv_split=kv_split)
-    return commands.plan_command(tool=tool, args=args, json_out=json_out, options=options)
 
 
 def plan_call(args: list[str]) -> dict[str, object] | None:
@@ -113,28 +62,6 @@ def plan_call(args: list[str]) -> dict[str, object] | None:
     return None
 
 
-def guarded(body: Callable[[], int]) -> int:
-    """Maps every failure to a documented exit code; a message, never a traceback, for known errors."""
-    try:
-        return body()
-    except SafeLlamaError as err:
-        sys.stderr.write(f"{err.message}\n")
-        return int(err.status)
-    except KeyboardInterrupt:
-        return int(ExitStatus.INTERRUPTED)
-    except Exception as err:  # the command line's usage errors, and the unexpected
-        show = getattr(err, "show", None)
-        if callable(show) and isinstance(getattr(err, "exit_code", None), int):  # typer's (vendored click) usage
-            show()
-            return int(ExitStatus.USAGE)
-        if os.environ.get("SAFE_LLAMA_DEBUG"):
-            import traceback
-
-            traceback.print_exc()
-        sys.stderr.write(f"safe-llama: internal error: {type(err).__name__}: {err} (SAFE_LLAMA_DEBUG=1 for details)\n")
-        return int(ExitStatus.INTERNAL)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: a launch goes straight to the launcher, `plan` to the planner, everything else
     to the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
@@ -150,19 +77,27 @@ def main(argv: list[str] | None = None) -> int:
     if request is not None:
         tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
         pass_through_early(tool, tool_args, given)
-        return guarded(lambda: launch(tool, tool_args, given))
+        return guarded(lambda: _launch(tool, tool_args, given))
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
+        from safe_llama.commands.plan import run_plan
+
         return guarded(lambda: run_plan(**call))  # type: ignore[arg-type]
     from safe_llama import cli
 
     return cli.run_app(args)
 
 
+def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+    from safe_llama.run.launch import launch
+
+    return launch(tool, args, given)
+
+
 def _drop_in(tool: str, argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pass_through_early(tool, args, {})
-    return guarded(lambda: launch(tool, args, {}))
+    return guarded(lambda: _launch(tool, args, {}))
 
 
 def main_cli(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Extract llama.cpp's option table from common/arg.cpp into configs/llama-args.json.
 
-Run against the pinned source; tests/test_llama_args.py re-runs it and compares, so the table never
+Run against the pinned source; tests/cmdline/test_llama_args.py re-runs it and compares, so the table never
 drifts from the binary. Usage: python scripts/gen_llama_args.py <llama.cpp dir> [out.json]
 """
 

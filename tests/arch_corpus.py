@@ -1,7 +1,7 @@
 """Every architecture the pinned llama.cpp supports, against safe-llama's KV prediction: llama.cpp's own
 test-llama-archs writes a tiny random-weight model per architecture, the real binaries load each one in a
 few configurations, and their `llama_kv_cache: size` / `llama_memory_recurrent: size` lines are compared
-with plan_kv. A test support module (used by tests/test_archs_real.py and benchmarks/bench_archs.py).
+with plan_kv. A test support module (used by tests/model/test_archs_real.py and benchmarks/bench_archs.py).
 
 The lines print MiB with two decimals. Every configuration below gives each stream at least 8192 cells, so
 one f16 element more or less per cell in one layer (16 KiB) changes what is printed: equal KV lines mean
@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from safe_llama.kv import KvRequest, mib_line, plan_kv
-from safe_llama.model_facts import ARCHITECTURES, UNMODELLED, load_model_facts
+from safe_llama.model.facts import ARCHITECTURES, UNMODELLED, load_model_facts
+from safe_llama.model.kv import KvRequest, mib_line, plan_kv
 from tests.llama_run import kv_lines, run_server_until_ready
 
 RS_LINE = re.compile(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.bundled import bundled_model_path
+from safe_llama.model.bundled import bundled_model_path
 from safe_llama.paths import pinned_bin_dir
 
 

@@ -11,8 +11,8 @@ import pytest
 import typer.main
 
 from safe_llama.cli import app
+from safe_llama.cmdline.launch_args import ENV, OPTIONS
 from safe_llama.errors import ExitStatus
-from safe_llama.launch_args import ENV, OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from safe_llama.model_facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts, load_model_facts
 from tests.tiny_gguf import write_tiny_gguf
 
 KV_LINE = re.compile(

@@ -1,0 +1,119 @@
+"""`safe-llama plan`: the plan for a llama.cpp command line, as text or JSON, without launching anything.
+
+A model that is not downloaded yet (-hf) is not an error here: the result says so and what was asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from safe_llama.cmdline.llama_args import parse, redact_argv
+from safe_llama.cmdline.model_source import ModelSource, resolve
+from safe_llama.errors import ModelNotOnDisk
+from safe_llama.model.kv import plan_kv
+from safe_llama.plan import render
+from safe_llama.plan.planner import Settings, memory_by_place
+from safe_llama.run.prepare import PlanOptions, context_note, final_argv, prepare
+
+
+def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:
+    return {
+        "tool": tool,
+        "model": {"path": None, "bundled": False, "source": _source_json(source), "downloaded": False},
+        "fits": None,
+        "decision": {"steps": [], "reasons": [message], "argv": redact_argv(list(args)), "env": {}, "changed": []},
+        "memory": None,
+        "notes": [message],
+    }
+
+
+def _source_json(source: ModelSource | None) -> dict[str, object] | None:
+    if source is None:
+        return None
+    return {"kind": source.kind, "spec": source.spec, "path": source.path, "where": source.where,
+            "mmproj": source.mmproj}  # fmt: skip
+
+
+def plan_command(
+    *, tool: str, args: list[str], json_out: bool, options: PlanOptions, env: Mapping[str, str] = os.environ
+) -> int:
+    from safe_llama.paths import cache_dir
+    from safe_llama.state import check_cache
+
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
+    try:
+        prepared = prepare(tool, args, env, options)
+    except ModelNotOnDisk as missing:
+        source = resolve(parse(tool, args, env), env)
+        assert source is not None
+        message = missing.message.removeprefix("safe-llama: ")
+        if json_out:
+            sys.stdout.write(json.dumps(not_on_disk_result(tool, args, source, message), indent=1) + "\n")
+        else:
+            sys.stdout.write(f"model   {source.spec} (not downloaded yet)\nnote: {message}\n")
+        return 0
+    kv = prepared.plan.kv if prepared.plan else plan_kv(prepared.facts, prepared.request.kv)
+    result = render.plan_result(
+        tool=tool,
+        model_path=prepared.model_path,
+        facts=prepared.facts,
+        kv=kv,
+        bundled=prepared.source is None,
+    )
+    result["model"]["source"] = _source_json(prepared.source)
+    result["model"]["downloaded"] = True
+    extra = list(prepared.notes)
+    note = context_note(prepared.facts, kv, tool)
+    if note:
+        extra.append(note)
+    result["notes"] = list(result["notes"]) + extra
+    result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
+    settings = prepared.plan.settings if prepared.plan else Settings(kv=prepared.request.kv, layout=prepared.layout)
+    result["memory"] = memory_by_place(prepared.facts, settings, prepared.target)
+    if json_out:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        sys.stdout.write(render.plan_text(result))
+    if prepared.error is not None:
+        sys.stderr.write(f"{prepared.error.message}\n")
+        return int(prepared.error.status)
+    return 0
+
+
+def run_plan(
+    *,
+    tool: str,
+    args: list[str],
+    json_out: bool = False,
+    ladder: str | None = None,
+    min_ctx: int | None = None,
+    profile: str | None = None,
+    max_alloc: str | None = None,
+    device_memory: str | None = None,
+    integrated: bool | None = None,
+    host_memory: str | None = None,
+    llama_bin: str | None = None,
+    llama_version: str | None = None,
+    kv_split: bool | None = None,
+) -> int:
+    """`safe-llama plan`: the same resolution as the launch (these options over SAFE_LLAMA_* over the config
+    file), then the plan printed."""
+    from dataclasses import replace
+
+    from safe_llama.cmdline import launch_args
+    from safe_llama.run.options import launch_options
+
+    typed = {
+        "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
+        "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
+        "llama_version": llama_version,
+        "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
+    }  # fmt: skip
+    given = {k: v for k, v in typed.items() if v is not None}
+    settings, origins = launch_args.resolve_sourced(given, os.environ)
+    options = replace(launch_options(settings, origins).plan, kv_split=kv_split)
+    return plan_command(tool=tool, args=args, json_out=json_out, options=options)

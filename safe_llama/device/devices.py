@@ -1,0 +1,518 @@
+"""What safe-llama knows about the device llama.cpp will run on and the host's memory: the probing shell.
+
+Owns running the probes (OpenCL, `--list-devices`/`--version`, sysfs, host), caching the slow ones under
+cache_dir()/probe/, loading device profiles, the DeviceReport and its rendering, and the `devices`
+command. The decisions are device_map's (pure); must not plan (the planner takes the report's values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safe_llama import state
+from safe_llama.device.binaries import find_binary
+from safe_llama.device.device_map import (
+    NOTHING_DECLARED,
+    DeclaredLimits,
+    DeviceProfile,
+    HostBudget,
+    Sourced,
+    TargetDevice,
+    host_budget,
+    parse_profile,
+    resolve_target,
+)
+from safe_llama.device.list_devices import (
+    DeviceRequest,
+    ListedDevices,
+    LlamaVersion,
+    parse_list_devices,
+    parse_version,
+    resolve_request,
+)
+from safe_llama.device.probe_host import probe_host
+from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_opencl_isolated
+from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
+from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
+from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
+from safe_llama.device.proc import run_capture
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.paths import cache_dir, config_dir, configs_dir
+from safe_llama.units import human, parse_bytes
+
+# Environment variables that change what `--list-devices` prints (which devices exist, which OpenVINO
+# device is selected). A cached listing is only valid for the same values.
+LLAMA_ENV_PREFIXES = (
+    "GGML_",
+    "CUDA_",
+    "HIP_",
+    "ROCR_",
+    "ONEAPI_",
+    "ZE_",
+    "SYCL_",
+    "NEOReadDebugKeys",
+    "FilterBdfPath",
+    "OCL_ICD",
+    "OPENCL_",
+    "POCL_",
+    "OV_",
+    "VK_",
+    "MESA_",
+    "LD_LIBRARY_PATH",
+)
+
+
+@dataclass(frozen=True)
+class LlamaProbe:
+    binary: str
+    real_path: str
+    listed: ListedDevices
+    version: LlamaVersion | None
+    cached: bool
+    probed_at: float  # time.time() of the run the listing came from
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    target: TargetDevice
+    host: HostBudget
+    llama: LlamaProbe | None
+    llama_note: str
+    opencl: OpenCLReport
+    opencl_cached: bool
+    sysfs: SysfsReport
+    request: DeviceRequest
+    declared: DeclaredLimits
+    profile: DeviceProfile | None
+
+
+@dataclass(frozen=True)
+class ProbeRoots:
+    """The parts of the file system the probes read; tests point them at temporary trees."""
+
+    sys_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    proc_cgroup: Path = Path("/proc/self/cgroup")
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+
+# -------------------------------------------------------------------------------------------- profiles
+
+
+def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
+    # The user's own profiles first, so one can shadow a packaged profile of the same name.
+    return [config_dir(env) / "devices", configs_dir(env) / "devices"]
+
+
+def _read_profile(path: Path) -> DeviceProfile:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+    return parse_profile(path.stem, str(path), data)
+
+
+def load_profile(name: str, env: Mapping[str, str] = os.environ) -> DeviceProfile:
+    """A profile by name (configs/devices/<name>.toml, or the user's) or by path."""
+    if name.endswith(".toml") or os.sep in name:
+        return _read_profile(Path(name))
+    for directory in _profile_dirs(env):
+        candidate = directory / f"{name}.toml"
+        if candidate.is_file():
+            return _read_profile(candidate)
+    known = sorted({p.stem for d in _profile_dirs(env) if d.is_dir() for p in d.glob("*.toml")})
+    raise SafeLlamaError(
+        f"safe-llama: no device profile '{name}' (known: {', '.join(known) or 'none'})", ExitStatus.BAD_CONFIG
+    )
+
+
+def load_profiles(env: Mapping[str, str] = os.environ) -> tuple[DeviceProfile, ...]:
+    seen: dict[str, DeviceProfile] = {}
+    for directory in _profile_dirs(env):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.toml")):
+                seen.setdefault(path.stem, _read_profile(path))
+    return tuple(seen.values())
+
+
+# ------------------------------------------------------------------------------------ the slow probes
+
+
+def _env_key(env: Mapping[str, str], prefixes: tuple[str, ...]) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes)]
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+CACHE_FORMAT = 1
+
+
+def _cache_load(path: Path, key: str) -> tuple[dict[str, Any], float] | None:
+    """A cached payload and when it was written, if it was written under this key."""
+    data = state.read_json(path)
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != CACHE_FORMAT
+        or data.get("key") != key
+        or not isinstance(data.get("payload"), dict)
+        or not isinstance(data.get("written_at"), int | float)
+    ):
+        return None
+    return data["payload"], float(data["written_at"])
+
+
+def _cache_store(path: Path, key: str, payload: dict[str, Any]) -> None:
+    # A cache that cannot be written only costs the next run a fresh probe.
+    with contextlib.suppress(OSError):
+        state.write_json(path, {"format": CACHE_FORMAT, "key": key, "written_at": time.time(), "payload": payload})
+
+
+def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: bool = False) -> LlamaProbe:
+    """`<binary> --list-devices` and `--version`, cached by the binary's real path, size and mtime, the
+    environment variables that change the listing, and the boot."""
+    real = str(Path(binary).resolve())
+    st = Path(real).stat()
+    setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
+    key = hashlib.sha256(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}".encode()).hexdigest()
+    # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
+    # a rebuilt binary overwrites its own.
+    where = cache / f"llama-{hashlib.sha256(setting.encode()).hexdigest()[:16]}.json"
+    hit = None if refresh else _cache_load(where, key)
+    if hit is not None:
+        (payload, probed_at), cached = hit, True
+    else:
+        # A refused GGML_OPENVINO_DEVICE aborts; without this ggml attaches gdb to print a backtrace first.
+        child_env = {**env, "GGML_NO_BACKTRACE": "1"}
+        listing = run_capture([real, "--list-devices"], env=child_env, timeout=60.0)
+        version = run_capture([real, "--version"], env=child_env, timeout=30.0)
+        payload = {
+            "list_stdout": listing.stdout,
+            "list_stderr": listing.stderr[-20000:],
+            "list_returncode": listing.returncode,
+            "version_text": version.stderr + version.stdout,
+        }
+        probed_at, cached = time.time(), False
+        if not listing.timed_out:
+            _cache_store(where, key, payload)
+    listed = parse_list_devices(str(payload["list_stdout"]), str(payload["list_stderr"]))
+    code = int(payload["list_returncode"])
+    if listed.problem is not None and code != 0:
+        how = f"died of signal {-code}" if code < 0 else f"exit status {code}"
+        listed = dataclasses.replace(listed, problem=f"{listed.problem} ({how})")
+    return LlamaProbe(
+        binary=str(binary),
+        real_path=real,
+        listed=listed,
+        version=parse_version(str(payload["version_text"])),
+        cached=cached,
+        probed_at=probed_at,
+    )
+
+
+def probe_opencl_cached(
+    *, env: Mapping[str, str], cache: Path, sysfs: SysfsReport, refresh: bool = False
+) -> tuple[OpenCLReport, bool]:
+    """The OpenCL probe (in a child process, see probe_opencl_isolated), cached under a key that changes
+    with the ICD set-up and the GPUs sysfs shows with their drivers."""
+    gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
+    key = hashlib.sha256("\n".join([fingerprint(env), *gpus]).encode()).hexdigest()
+    where = cache / "opencl.json"
+    hit = None if refresh else _cache_load(where, key)
+    if hit is not None:
+        try:
+            return opencl_from_dict(hit[0]), True
+        except (KeyError, TypeError):
+            pass  # written by another version: probe again
+    report = probe_opencl_isolated(env)
+    if report.status != "error":
+        _cache_store(where, key, opencl_to_dict(report))
+    return report, False
+
+
+def probe_devices(
+    *,
+    binary: Path | None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] = os.environ,
+    declared: DeclaredLimits = NOTHING_DECLARED,
+    refresh: bool = False,
+    roots: ProbeRoots = ProbeRoots(),
+    binary_note: str = "",
+    opencl_always: bool = True,
+) -> DeviceReport:
+    """Everything about the device a llama.cpp command line (args, and the env it will run with) targets.
+
+    `binary` is the llama.cpp tool to ask (None: skip llama.cpp's view, `binary_note` says why). Slow
+    probes are cached under
+    cache_dir(env)/probe/; `refresh` ignores the caches. With opencl_always False (the launch path),
+    OpenCL is not probed when llama.cpp lists no device and sysfs shows no GPU: a CPU-only build on a
+    machine without GPUs has no OpenCL limit that could apply.
+    """
+    cache = cache_dir(env) / "probe"
+    request = resolve_request(args, env)
+    profile = load_profile(declared.profile, env) if declared.profile else None
+    sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
+    host = probe_host(proc_cgroup=roots.proc_cgroup, cgroup_root=roots.cgroup_root)
+    llama: LlamaProbe | None = None
+    if binary is None:
+        llama_note = f"llama.cpp's own device list is not known: {binary_note or 'no binary given'}"
+    else:
+        try:
+            llama = probe_llama(binary, env=env, cache=cache, refresh=refresh)
+            llama_note = llama.listed.problem or ""
+        except (OSError, SafeLlamaError) as err:
+            llama_note = f"could not run {binary} --list-devices: {err}"
+    # a CPU-only build (or none found) on a machine without GPUs: no OpenCL limit could apply
+    no_listed_gpu = llama is None or (not llama.listed.devices and not llama.listed.problem)
+    cpu_only = no_listed_gpu and not sysfs.gpus
+    if opencl_always or not cpu_only or request.devices not in (None, ("none",)):
+        opencl, opencl_cached = probe_opencl_cached(env=env, cache=cache, sysfs=sysfs, refresh=refresh)
+    else:
+        opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
+        opencl_cached = False
+    target = resolve_target(
+        request=request,
+        listed=llama.listed if llama is not None else None,
+        opencl=opencl,
+        sysfs=sysfs,
+        host_total=host.total_bytes,
+        declared=declared,
+        profile=profile,
+        profiles=load_profiles(env) if profile is None else (),
+        env=env,
+    )
+    return DeviceReport(
+        target=target,
+        host=host_budget(host, declared),
+        llama=llama,
+        llama_note=llama_note,
+        opencl=opencl,
+        opencl_cached=opencl_cached,
+        sysfs=sysfs,
+        request=request,
+        declared=declared,
+        profile=profile,
+    )
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+def report_json(report: DeviceReport) -> str:
+    return json.dumps({"schema": 1, **dataclasses.asdict(report)}, indent=2)
+
+
+def _sourced(value: Sourced[int] | None, none: str) -> str:
+    if value is None:
+        return none
+    return f"{human(value.value):>10}  ({value.value:,} B)  {value.source}: {value.detail}"
+
+
+def _render_target(t: TargetDevice) -> list[str]:
+    name = t.llama_name or ("host CPU" if t.backend == "cpu" else "unknown")
+    extra = f" {t.backend_device}" if t.backend_device else ""
+    if t.limits_alloc:
+        alloc = _sourced(t.max_alloc_bytes, "UNKNOWN (declare --max-alloc or --profile)")
+    else:
+        alloc = "no per-allocation limit"
+    if t.integrated is None:
+        integrated = "n/a (the host itself)" if t.shares_host_memory else "unknown"
+    else:
+        kind = "integrated" if t.integrated.value else "discrete"
+        integrated = f"{kind}  {t.integrated.source}: {t.integrated.detail}"
+    lines = [
+        f"Target: {name} ({t.backend}{extra}) - {t.description}   [chosen by: {t.requested_by}]",
+        f"  max allocation  {alloc}",
+        f"  memory          {_sourced(t.memory_bytes, 'unknown')}",
+    ]
+    if t.memory_free_bytes is not None:
+        lines.append(f"  free            {_sourced(t.memory_free_bytes, 'unknown')}")
+    lines += [
+        f"  integrated      {integrated}",
+        f"  shares host RAM {'yes: the host budget bounds it too' if t.shares_host_memory else 'no'}",
+        f"  PCI             {t.pci_bdf or 'unknown'}",
+    ]
+    if t.opencl is not None:
+        lines.append(f"  OpenCL          {t.opencl.name} ({t.opencl.platform})")
+    if t.neo_filter:
+        lines.append("  NEO filter      " + " ".join(f"{k}={v}" for k, v in t.neo_filter.items()))
+    lines.append(f"  mapping         {t.mapping_note}")
+    lines.extend(f"  WARNING         {w}" for w in t.warnings)
+    return lines
+
+
+def _render_host(h: HostBudget) -> list[str]:
+    budget = h.budget_bytes
+    return [
+        f"Host budget: {human(budget.value)}  ({budget.source}: {budget.detail})",
+        f"  total           {_sourced(h.total, '')}",
+        f"  available       {_sourced(h.available, '')}",
+        f"  cgroup limit    {_sourced(h.cgroup_max, 'none')}",
+        f"  cgroup usage    {_sourced(h.cgroup_current, 'unknown')}",
+        f"  RLIMIT_AS       {_sourced(h.rlimit_as, 'unlimited')}",
+        f"  cgroup          {h.note}",
+    ]
+
+
+def _render_llama(llama: LlamaProbe | None, note: str, now: float) -> list[str]:
+    if llama is None:
+        return [f"llama.cpp: {note}"]
+    v = llama.version
+    version = f"{v.version} (build {v.build}, commit {v.commit})" if v else "version unknown"
+    age = f"cached from {max(now - llama.probed_at, 0):.0f} s ago" if llama.cached else "just run"
+    lines = [f"llama.cpp: {llama.real_path}  {version}  [--list-devices {age}]"]
+    for device in llama.listed.devices:
+        lines.append(
+            f"  {device.name:<10} {device.description}  ({human(device.total_bytes)}, {human(device.free_bytes)} free)"
+        )
+    if not llama.listed.devices and llama.listed.problem is None:
+        lines.append("  (no device: CPU only)")
+    if llama.listed.problem:
+        lines.append(f"  problem: {llama.listed.problem}")
+    return lines
+
+
+def _render_opencl(opencl: OpenCLReport, cached: bool) -> list[str]:
+    lines = [f"OpenCL ({opencl.status}){' [cached]' if cached else ''}: {opencl.note}"]
+    for device in opencl.devices:
+        unified = {True: "host-unified", False: "discrete", None: "unified=?"}[device.host_unified_memory]
+        pci = device.pci_bdf or f"unknown ({device.pci_note})"
+        lines += [
+            f"  {device.name} [{device.device_type}, {device.vendor} 0x{device.vendor_id:04x}, "
+            f"{device.platform}, driver {device.driver_version}]",
+            f"      max alloc {human(device.max_mem_alloc_size)} ({device.max_mem_alloc_size:,} B), "
+            f"global {human(device.global_mem_size)}, {unified}, PCI {pci}",
+        ]
+    return lines
+
+
+def _render_sysfs(sysfs: SysfsReport) -> list[str]:
+    lines = [f"PCI GPUs (sysfs): {sysfs.note}"]
+    for gpu in sysfs.gpus:
+        flags = [f"driver {gpu.driver or 'none'}"]
+        if gpu.boot_vga:
+            flags.append("boot VGA")
+        if gpu.integrated is not None:
+            flags.append("integrated" if gpu.integrated else "discrete")
+        if not gpu.compute:
+            flags.append("no compute")
+        lines.append(
+            f"  {gpu.bdf}  {gpu.vendor} 0x{gpu.device_id:04x} class 0x{gpu.class_code:06x}  "
+            f"{', '.join(flags)}  {' '.join(gpu.render_nodes)}"
+        )
+    for node in sysfs.render_nodes:
+        access = "accessible" if node.accessible else "NOT accessible"
+        lines.append(f"  {node.path}  {access}  {node.pci_bdf or ''}")
+    return lines
+
+
+def render_text(report: DeviceReport, *, now: float | None = None) -> str:
+    """The report for people: the target and the host budget first, then what each probe saw."""
+    sections = [
+        _render_target(report.target),
+        _render_host(report.host),
+        _render_llama(report.llama, report.llama_note, time.time() if now is None else now),
+        _render_opencl(report.opencl, report.opencl_cached),
+        _render_sysfs(report.sysfs),
+    ]
+    return "\n\n".join("\n".join(section) for section in sections)
+
+
+def declared_limits(
+    *,
+    profile: str | None = None,
+    max_alloc: str | None = None,
+    device_memory: str | None = None,
+    integrated: bool | None = None,
+    host_memory: str | None = None,
+    origins: Mapping[str, str] | None = None,
+) -> DeclaredLimits:
+    """DeclaredLimits from command-line text; a bad size is a usage error naming where it was set
+    (`origins`: setting name -> SAFE_LLAMA_* or the config file, when not its option)."""
+    where = dict(origins or {})
+
+    def size(option: str, text: str | None) -> int | None:
+        if text is None:
+            return None
+        option = where.get(option.removeprefix("--").replace("-", "_"), option)
+        try:
+            value = parse_bytes(text)
+        except ValueError as err:
+            raise SafeLlamaError(f"safe-llama: {option}: {err}", ExitStatus.USAGE) from None
+        if value <= 0:
+            raise SafeLlamaError(f"safe-llama: {option}: must be more than 0", ExitStatus.USAGE)
+        return value
+
+    return DeclaredLimits(
+        profile=profile,
+        max_alloc_bytes=size("--max-alloc", max_alloc),
+        memory_bytes=size("--device-memory", device_memory),
+        integrated=integrated,
+        host_memory_bytes=size("--host-memory", host_memory),
+        origins=tuple(sorted(where.items())),
+    )
+
+
+def run_devices_command(
+    *,
+    llama_bin: str | None,
+    device: str | None,
+    openvino_device: str | None,
+    profile: str | None,
+    max_alloc: str | None,
+    device_memory: str | None,
+    integrated: bool | None,
+    host_memory: str | None,
+    refresh: bool,
+    json_out: bool,
+    env: Mapping[str, str] = os.environ,
+) -> None:
+    """`safe-llama devices`: probe as a launch would (the same llama-server binary, the same target)."""
+    from safe_llama.state import check_cache
+
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
+    declared = declared_limits(
+        profile=profile,
+        max_alloc=max_alloc,
+        device_memory=device_memory,
+        integrated=integrated,
+        host_memory=host_memory,
+    )
+    child_env = dict(env)
+    if openvino_device:
+        child_env["GGML_OPENVINO_DEVICE"] = openvino_device
+    binary: Path | None = None
+    note = ""
+    try:
+        binary = find_binary("server", env=env, explicit=llama_bin)
+    except SafeLlamaError as err:
+        if llama_bin:
+            raise
+        note = err.message
+    report = probe_devices(
+        binary=binary,
+        args=["--device", device] if device else [],
+        env=child_env,
+        declared=declared,
+        refresh=refresh,
+        binary_note=note,
+    )
+    sys.stdout.write((report_json(report) if json_out else render_text(report)) + "\n")

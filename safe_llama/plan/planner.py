@@ -1,0 +1,780 @@
+"""The planner: from model facts, device limits and the request to settings that fit, and why.
+
+Owns the allocation model (what llama.cpp allocates where, checked against which limit) and the walk
+down the degrade ladder. Pure: every input is a value (facts, target, policy); it runs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from safe_llama.device.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.kv import KvPlan, KvRequest, block_size, buffers, plan_kv
+from safe_llama.plan.policy import Policy
+from safe_llama.units import human
+
+MIB = 1024 * 1024
+GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
+STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
+_TYPE_ORDER = {
+    name: i for i, name in enumerate(("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"))
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where llama.cpp will run, and the limits that apply there."""
+
+    backend: str  # cpu | openvino | cuda | vulkan | sycl | opencl | metal | hip
+    host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
+    address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
+    malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
+    kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
+    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
+    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
+    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
+    margin_scale: float = 1.0
+    # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
+    # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
+    kv_f16_copies: bool = False
+    # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
+    # mapped file) for the layers it runs (policy: cpu_repack_types)
+    cpu_repack_types: frozenset[str] = frozenset()
+    on_gpu: bool = False  # KV and offloaded layers go to a device's memory
+    integrated: bool = False  # the device's memory is the host's RAM
+    device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
+    max_alloc: Sourced[int] | None = None
+    device_memory: Sourced[int] | None = None
+    kv_split: bool | None = None  # None: decided from the backend and the binary's version
+    binary_version: str | None = None
+    neo_filter: Mapping[str, str] = field(default_factory=dict)
+    # every host limit, each checked with its own accounting; empty: host_budget alone, as RAM (or as
+    # address space when address_space_budget)
+    host_limits: tuple[HostLimit, ...] = ()
+
+    @property
+    def limits_on_host(self) -> tuple[HostLimit, ...]:
+        if self.host_limits:
+            return self.host_limits
+        return (HostLimit("address space" if self.address_space_budget else "ram", self.host_budget),)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    name: str
+    bytes: int
+    limit: int
+    limit_name: str
+    # the plain words of a reason: who needs the bytes, and the limit with its size and source
+    subject: str = ""
+    limit_words: str = ""
+    n_ctx: int = 0  # the context the bytes were computed at
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes <= self.limit
+
+
+@dataclass(frozen=True)
+class Override:
+    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
+
+    pattern: str
+    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
+
+    @property
+    def to_host(self) -> bool:
+        return self.buffer_type.upper().startswith("CPU")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A second model loaded beside the main one (-md / -hfd): weights and a KV of the same context."""
+
+    facts: ModelFacts
+    n_gpu_layers: int | None  # None: all
+    type_k: str = "f16"
+    type_v: str = "f16"
+    overrides: tuple[Override, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The command line's memory options that are not the KV request: where things live."""
+
+    kv_offload: bool = True  # False (-nkvo): the KV stays in host RAM
+    overrides: tuple[Override, ...] = ()
+    devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
+    split_mode: str = "layer"  # none: everything on the main GPU
+    tensor_split: tuple[float, ...] = ()  # -ts proportions, per device
+    main_gpu: int = 0
+    mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
+    mmproj_offload: bool = True
+    prompt_cache_mib: int = 0  # -cram: llama-server's prompt cache limit (-1: none but the context)
+    load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
+    draft: Draft | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    kv: KvRequest
+    stateful: bool = False
+    n_gpu_layers: int | None = None  # None: all layers on the device (llama.cpp's default)
+    layout: Layout = field(default_factory=Layout)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: Settings
+    kv: KvPlan
+    allocations: tuple[Allocation, ...]
+    steps: tuple[Step, ...]
+    argv_changes: Mapping[str, str | bool]
+    env_changes: Mapping[str, str]
+    ctx_by_type: Mapping[str, int]  # largest context that fits per cache type (0: none)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return all(a.fits for a in self.allocations)
+
+
+def atoi(text: str) -> int:
+    """C's atoi (how ggml-openvino reads its switches): leading whitespace, sign, digits; 0 otherwise."""
+    found = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(found.group(1)) if found else 0
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("-")[0].split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def kv_splits(target: Target, policy: Policy) -> bool:
+    """Whether this binary packs the KV into buffers of at most the device's max allocation."""
+    if target.kv_split is not None:
+        return target.kv_split
+    rule = policy.kv_split.get(target.backend, "never")
+    if isinstance(rule, Mapping):
+        if target.binary_version is None:
+            return False  # unknown build: assume the old single allocation (the safe side)
+        return _version_tuple(target.binary_version) >= _version_tuple(str(rule["since"]))
+    return bool(rule == "always")
+
+
+def compute_estimate(
+    facts: ModelFacts, kv: KvPlan, req: KvRequest | None = None, *, kv_f16_copies: bool = False
+) -> int:
+    """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
+    `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
+
+    - activations of one ubatch: n_ubatch x (8 n_embd + 4 n_ff) f32 (an upper bound; measured on the bundled
+      gemma-3-270m at about a third of it);
+    - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
+      llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
+      one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
+      vocabulary makes this 512 MiB for llama-completion and 4 MiB for llama-server at -np 4;
+    - the attention mask, n_kv x n_ubatch: f16 with flash attention (measured: 1,003 bytes per cell at
+      -ub 512 on the CPU build), f32 scores per head without it (an upper bound);
+    - with `kv_f16_copies` and a quantized K or V under flash attention: f16 copies of one layer's K and V
+      for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
+      of 256, beside the 2 x 512-byte mask row).
+    """
+    ctx = kv.context
+    n_embd = facts.embedding_length
+    n_ff = max(facts.feed_forward_length, n_embd)
+    n_head = max(facts.head_count, default=1)
+    per_token = (8 * n_embd + 4 * n_ff) * 4
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
+    mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
+    tool = req.tool if req is not None else "server"
+    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
+    logits = facts.vocab_size * 4 * n_outputs
+    copies = 0
+    if kv_f16_copies and kv.flash_attn and req is not None:
+        width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
+        width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
+        per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
+        copies = n_kv * per_cell
+    return ctx.n_ubatch * per_token + mask + logits + copies
+
+
+def host_compute_estimate(kv: KvPlan) -> int:
+    """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
+    attention, f32 without) and 48 MiB of other inputs."""
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + (48 << 20)
+
+
+def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
+    for rule in overrides:
+        try:
+            if re.search(rule.pattern, name):
+                return rule
+        except re.error:
+            continue
+    return None
+
+
+def _device_names(target: Target, layout: Layout) -> list[str]:
+    if not target.on_gpu:
+        return []
+    if layout.devices and layout.split_mode != "none":
+        return list(layout.devices)
+    main = target.device or "GPU0"
+    if layout.devices and layout.split_mode == "none":
+        main = layout.devices[min(layout.main_gpu, len(layout.devices) - 1)]
+    return [main]
+
+
+def _layer_places(n_layer: int, offloaded: int, devices: Sequence[str], split: Sequence[float]) -> list[str]:
+    """llama.cpp's layer assignment: the last `offloaded` layers go to the devices, in -ts proportions
+    (equal shares when -ts is not given: the free-memory split cannot be known here)."""
+    places = ["host"] * n_layer
+    if not devices or offloaded <= 0:
+        return places
+    shares = [max(x, 0.0) for x in split[: len(devices)]] + [0.0] * (len(devices) - len(split[: len(devices)]))
+    if not any(shares):
+        shares = [1.0] * len(devices)
+    total = sum(shares)
+    bounds, acc = [], 0.0
+    for share in shares:
+        acc += share / total
+        bounds.append(acc)
+    start = n_layer - offloaded
+    for il in range(start, n_layer):
+        at = (il - start) / offloaded
+        idx = next((i for i, b in enumerate(bounds) if at < b - 1e-9), len(devices) - 1)
+        places[il] = devices[idx]
+    return places
+
+
+def _model_memory(
+    facts: ModelFacts,
+    n_gpu_layers: int | None,
+    overrides: Sequence[Override],
+    devices: Sequence[str],
+    split: Sequence[float],
+    kv: KvPlan | None,
+    kv_offload: bool,
+    repack_types: frozenset[str] = frozenset(),
+) -> dict[str, dict[str, int]]:
+    """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
+    CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
+    input embeddings are read by row and stay in the mapping)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    n_layer = max(facts.block_count, 1)
+    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
+    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    places = _layer_places(n_layer, min(offloaded, n_layer), devices, split)
+    tensors = facts.tensors or tuple(
+        [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
+    )
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
+    for name, size in tensors:
+        il = None
+        if name.startswith("blk."):
+            head = name[4:].partition(".")[0]
+            il = int(head) if head.isdigit() else None
+        if il is not None and il < len(places):
+            place = places[il]
+        elif name.startswith("token_embd") or not devices:
+            place = "host"  # llama.cpp keeps the input embeddings on the CPU
+        else:
+            place = devices[-1] if offloaded > n_layer else "host"
+        rule = _placed(name, overrides)
+        if rule is not None:
+            place = "host" if rule.to_host else rule.buffer_type
+        add(place, "weights", size)
+        if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
+            add(place, "repacked", size)
+    names = {name for name, _ in tensors}
+    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
+        # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
+        # device (TENSOR_DUPLICATED); on the host the two are one mapping
+        add(devices[-1], "weights", dict(tensors)["token_embd.weight"])
+    if kv is not None:
+        for cache in kv.caches:
+            per_layer = cache.total_bytes // max(cache.layers, 1)
+            kv_layers = [il for il, layer in enumerate(facts.layers) if layer.has_kv][: cache.layers]
+            placed = 0
+            for il in kv_layers:
+                place = places[il] if kv_offload and il < len(places) else "host"
+                add(place, "kv", per_layer)
+                placed += per_layer
+            add("host", "kv", cache.total_bytes - placed)
+    return out
+
+
+def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
+    """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
+
+    Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
+    host repacked (the CPU backend's copies of repacked weights) and prompt_cache (llama-server's -cram:
+    grows in use up to that limit or one context's worth).
+    """
+    layout = settings.layout
+    kv = plan_kv(facts, settings.kv)
+    devices = _device_names(target, layout)
+    kv_offload = layout.kv_offload and not settings.stateful
+    repack = target.cpu_repack_types
+    out = _model_memory(
+        facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload, repack
+    )
+    out.setdefault("host", {})
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    main = devices[min(layout.main_gpu, len(devices) - 1)] if devices else "host"
+    if target.integrated or target.backend == "openvino":
+        # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
+        for place in devices:
+            add("host", "kv", out.get(place, {}).get("kv", 0))
+    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies) + target.compute_extra
+    add(main, "compute", compute)
+    if main != "host" and not target.integrated:
+        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
+        # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
+        add("host", "compute", host_compute_estimate(kv))
+    if layout.mmproj_bytes:
+        add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
+    if layout.draft is not None:
+        draft = layout.draft
+        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
+        part = _model_memory(
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload, repack
+        )
+        for place, items in part.items():
+            for item, size in items.items():
+                add(place, f"draft_{item}", size)
+        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv))
+    if layout.prompt_cache_mib:
+        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else min(layout.prompt_cache_mib * MIB, kv.total_bytes)
+        add("host", "prompt_cache", limit)
+    return {place: dict(items) for place, items in out.items()}
+
+
+def _origin(value: Sourced[int]) -> str:
+    return f"{value.source}: {value.detail}" if value.detail else value.source
+
+
+def _margin_words(fraction: float) -> str:
+    if fraction > 0:
+        return f" less {fraction:.0%}"
+    return f" plus {-fraction:.0%}" if fraction < 0 else ""
+
+
+def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
+    kv = plan_kv(facts, settings.kv)
+    layout = settings.layout
+    places = memory_by_place(facts, settings, target)
+    out: list[Allocation] = []
+    n_ctx = kv.context.n_ctx
+    if target.kv_cap is not None:
+        out.append(
+            Allocation(
+                "KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed", "the KV cache",
+                f"the {human(target.kv_cap)} allowed after the start that failed", n_ctx,
+            )
+        )  # fmt: skip
+    kv_on_device = target.on_gpu and not settings.stateful and layout.kv_offload
+    n_layer = max(facts.block_count, 1)
+    offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
+    device_share = offloaded / n_layer if kv_on_device else 0.0
+    split = kv_splits(target, policy)
+    if kv_on_device and target.max_alloc is not None and offloaded:
+        margin = policy.per_backend(policy.max_alloc_margin, target.backend)
+        limit = target.max_alloc.value - margin
+        limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
+        per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
+        per_alloc += f", less a {human(margin)} margin)" if margin else ")"
+        if margin:
+            limit_name += f" less {human(margin)} margin"
+        for cache in kv.caches:
+            sizes = buffers(cache.tensor_bytes, target.max_alloc.value if split else None)
+            for i, size in enumerate(sizes):
+                label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
+                subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
+                if not split:
+                    label += " (one allocation)"
+                    subject += " (one allocation)"
+                if len(kv.caches) > 1:
+                    subject = f"{cache.kind} {subject}"
+                out.append(Allocation(label, int(size * device_share), limit, limit_name, subject, per_alloc, n_ctx))
+    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
+    if target.on_gpu and target.device_memory is not None and not target.integrated:
+        usable = int(target.device_memory.value * (1 - fraction))
+        total = human(target.device_memory.value)
+        for place, items in places.items():
+            if place == "host":
+                continue
+            what = ", ".join(k.replace("_", " ") for k in items)
+            usable_words = (
+                f"its {human(usable)} usable ({total} {_origin(target.device_memory)}{_margin_words(fraction)})"
+            )
+            out.append(
+                Allocation(
+                    "device total (weights, KV, compute estimate)"
+                    if place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
+                    else f"{place} total ({what})",
+                    sum(items.values()),
+                    usable,
+                    f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
+                    f"{_margin_words(fraction)}",
+                    f"{place} ({what.replace('kv', 'KV')})",
+                    usable_words,
+                    n_ctx,
+                )
+            )
+    host = places.get("host", {})
+    draft = layout.draft.facts if layout.draft else None
+    host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))
+    if target.on_gpu and target.integrated:
+        host_other += sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "compute" in k)
+    # weights of layers kept on the host: RAM must hold them to run at speed
+    host_weights = host.get("weights", 0) + host.get("draft_weights", 0)
+    # an integrated GPU's copies of offloaded weights are buffers in host RAM, charged like any other
+    device_copies = 0
+    if target.on_gpu and target.integrated:
+        device_copies = sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "weights" in k)
+    mapped = layout.load_mode not in _RESIDENT_LOADS
+    for limit in target.limits_on_host:
+        budget = limit.budget.value
+        if limit.kind == "address space":
+            # every mapping counts: the whole file when mapped, reserved but untouched buffers, thread stacks
+            # and malloc arenas (the fixed overhead), the tokenizer, and llama-server's per-cell bookkeeping
+            overhead = policy.per_backend(policy.address_space_overhead, target.backend)
+            overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.address_space_per_cell * kv.context.n_ctx
+            weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
+            # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
+            kept = int(policy.address_space_margin * target.margin_scale)
+            usable = budget - kept
+            what = "host address space (process, mapped model file, KV, compute estimate)"
+            margin = f"less {human(kept)}" if kept >= 0 else f"plus {human(-kept)}"
+            subject = "the address space (process, mapped model file, KV, compute)"
+        else:
+            # what the process keeps resident beside its buffers: a fixed part, the tokenizer's tables, the
+            # server's per-cell bookkeeping
+            overhead = policy.per_backend(policy.process_overhead, target.backend)
+            overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.process_per_cell * kv.context.n_ctx
+            # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
+            # into memory or locked there count (-lm none, dio, mlock)
+            weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)
+            usable = int(budget * (1 - fraction))
+            what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
+            what += ("weights, " if weights else "") + "KV, compute estimate)"
+            margin = _margin_words(fraction).strip()
+            subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
+            subject += ("weights, " if weights else "") + "KV, compute)"
+        out.append(
+            Allocation(
+                what,
+                overhead + weights + host_other,
+                usable,
+                f"host budget {human(budget)} ({_origin(limit.budget)}) {margin}",
+                subject,
+                f"its {human(usable)} usable ({human(budget)} {_origin(limit.budget)}{', ' * bool(margin)}{margin})",
+                n_ctx,
+            )
+        )
+    return tuple(out)
+
+
+_PLAIN = frozenset({"weights", "kv", "compute"})
+# load modes (-lm) that read the weights into allocated or locked memory instead of leaving them to the page cache
+_RESIDENT_LOADS = frozenset({"none", "dio", "mlock", "mmap+mlock"})
+
+
+def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
+    return all(a.fits for a in allocations(facts, settings, target, policy))
+
+
+def _worst(allocs: Sequence[Allocation]) -> Allocation:
+    return max(allocs, key=lambda a: a.bytes / max(a.limit, 1))
+
+
+def _asked_ctx(kv: KvRequest, facts: ModelFacts) -> int:
+    return plan_kv(facts, kv).context.n_ctx
+
+
+def largest_ctx(
+    facts: ModelFacts, settings: Settings, target: Target, policy: Policy, floor: int, ceiling: int
+) -> int | None:
+    """The largest -c in [floor, ceiling] that fits, exactly, on llama.cpp's 256-cell grid."""
+    probe = plan_kv(facts, replace(settings.kv, n_ctx=ceiling)).context
+    unit = 256 * (1 if probe.unified else probe.n_seq_max)
+    lo = max(1, -(-floor // unit))
+    hi = ceiling // unit
+    if hi < lo:
+        hi = lo
+
+    def ok(k: int) -> bool:
+        return _fits(facts, replace(settings, kv=replace(settings.kv, n_ctx=k * unit)), target, policy)
+
+    if not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * unit
+
+
+def _kv_quant_ok(facts: ModelFacts, type_name: str) -> bool:
+    blk = block_size(type_name)
+    return all(k % blk == 0 for k in facts.key_length if k)
+
+
+def describe(a: Allocation) -> str:
+    """One allocation against its limit in plain words: "CUDA0 (weights, KV, compute) 164.25 GiB at
+    -c 2000128 is above its 137.00 GiB usable (139.80 GiB probed: ..., less 2%)"."""
+    at = f" at -c {a.n_ctx}" if a.n_ctx else ""
+    where = "within" if a.fits else "above"
+    return f"{a.subject or a.name} {human(a.bytes)}{at} is {where} {a.limit_words or a.limit_name}"
+
+
+def plan(
+    facts: ModelFacts,
+    request: KvRequest,
+    target: Target,
+    policy: Policy,
+    *,
+    ladder: Sequence[str] | None = None,
+    user_fit_set: bool = False,
+    user_ngl: int | None = None,
+    floor: int | None = None,
+    layout: Layout | None = None,
+    user_env: Mapping[str, str] | None = None,
+) -> Plan:
+    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS.
+
+    `user_env`: the environment llama.cpp will inherit. What the user set there for stateful execution and
+    the NEO filter wins: never overwritten; GGML_OPENVINO_STATEFUL_EXECUTION=1 is where the plan starts
+    from, =0 takes the stateful step off the ladder."""
+    user_env = user_env or {}
+    floor = policy.ctx_floor if floor is None else floor
+    steps = list(ladder if ladder is not None else policy.ladder_for(target.backend, request.tool))
+    settings = Settings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout())
+    asked_ctx = _asked_ctx(request, facts)
+    taken: list[Step] = []
+    changes: dict[str, str | bool] = {}
+    env: dict[str, str] = {k: v for k, v in target.neo_filter.items() if k not in user_env}
+    notes: list[str] = []
+    kept = sorted(k for k in target.neo_filter if k in user_env)
+    if kept:
+        notes.append(f"NEO filter: your {', '.join(f'{k}={user_env[k]}' for k in kept)} kept")
+    if env:
+        taken.append(Step("neo-filter", f"{len(env)} NEO variables so only the targeted GPU is visible"))
+    if STATEFUL_ENV in user_env:
+        steps = [s for s in steps if s != "stateful"]
+        if atoi(user_env[STATEFUL_ENV]) != 0 and target.backend == "openvino" and target.on_gpu:
+            settings = replace(settings, stateful=True)
+            extra = ""
+            if plan_kv(facts, settings.kv).context.n_seq_max != 1:
+                settings = replace(settings, kv=replace(settings.kv, n_parallel=1, kv_unified=None))
+                changes["--parallel"] = "1"
+                extra = ", one slot (-np 1) as it requires"
+            taken.append(Step("stateful", f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: KV in host RAM{extra}"))
+        else:
+            notes.append(f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}: stateful execution stays as you set it")
+    if target.address_space_budget and policy.malloc_arena_max and not target.malloc_arena_max_set:
+        env["MALLOC_ARENA_MAX"] = str(policy.malloc_arena_max)
+        taken.append(
+            Step(
+                "malloc-arenas",
+                f"address-space limit {human(target.host_budget.value)}: MALLOC_ARENA_MAX={policy.malloc_arena_max}"
+                " so glibc's per-thread arenas (64 MiB of address space each) cannot exhaust it",
+            )
+        )
+    ctx_applied = False
+    ctx_reason = ""
+    for step in steps:
+        allocs = allocations(facts, settings, target, policy)
+        if all(a.fits for a in allocs):
+            break
+        worst = _worst(allocs)
+        if step == "stateful":
+            if target.backend != "openvino" or not target.on_gpu or settings.stateful:
+                continue
+            kv = settings.kv
+            new_kv = kv
+            if plan_kv(facts, kv).context.n_seq_max != 1:
+                new_kv = replace(kv, n_parallel=1, kv_unified=None)
+                changes["--parallel"] = "1"
+            settings = replace(settings, stateful=True, kv=new_kv)
+            env[STATEFUL_ENV] = "1"
+            extra = ", one slot (-np 1) as it requires" if "--parallel" in changes else ""
+            taken.append(Step("stateful", f"{describe(worst)}: keeping the KV in host RAM ({STATEFUL_ENV}=1){extra}"))
+        elif step in ("kv-q8", "kv-q4"):
+            new_type = "q8_0" if step == "kv-q8" else "q4_0"
+            kv = settings.kv
+            if (
+                _TYPE_ORDER.get(kv.type_k, 0) >= _TYPE_ORDER[new_type]
+                and _TYPE_ORDER.get(kv.type_v, 0) >= _TYPE_ORDER[new_type]
+            ):
+                continue
+            if target.backend == "openvino" and step == "kv-q8" and not policy.openvino_q8:
+                notes.append("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)")
+                continue
+            if not _kv_quant_ok(facts, new_type):
+                notes.append(f"{new_type} KV skipped: a head dimension is not a multiple of {block_size(new_type)}")
+                continue
+            settings = replace(settings, kv=replace(kv, type_k=new_type, type_v=new_type, flash_attn="on"))
+            changes.update({"--cache-type-k": new_type, "--cache-type-v": new_type, "--flash-attn": "on"})
+            taken.append(
+                Step(
+                    step,
+                    f"{describe(worst)}: a {new_type} KV cache "
+                    f"(-ctk {new_type} -ctv {new_type}, with -fa on as it requires)",
+                )
+            )
+        elif step == "ctx":
+            best = largest_ctx(facts, settings, target, policy, floor, asked_ctx)
+            chosen = best if best is not None else min(floor, asked_ctx)
+            if chosen >= asked_ctx:
+                continue
+            settings = replace(settings, kv=replace(settings.kv, n_ctx=chosen))
+            changes["--ctx-size"] = str(chosen)
+            ctx_applied = True
+            ctx_reason = f"{describe(worst)}: -c "
+            taken.append(Step("ctx", f"{ctx_reason}{chosen}, the largest that fits"))
+        elif step == "ngl":
+            if not target.on_gpu or target.integrated:
+                continue
+            n_layer = facts.block_count
+            current = n_layer if settings.n_gpu_layers is None else settings.n_gpu_layers
+            best_ngl = None
+            for n in range(current - 1, -1, -1):
+                if _fits(facts, replace(settings, n_gpu_layers=n), target, policy):
+                    best_ngl = n
+                    break
+            chosen_ngl = 0 if best_ngl is None else best_ngl
+            settings = replace(settings, n_gpu_layers=chosen_ngl)
+            changes["--gpu-layers"] = str(chosen_ngl)
+            taken.append(
+                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {chosen_ngl} of {n_layer} layers on the GPU")
+            )
+    if ctx_applied and _fits(facts, settings, target, policy):
+        # a later step freed memory: give the context back, up to what was asked
+        best = largest_ctx(facts, settings, target, policy, floor, asked_ctx)
+        if best is not None and best != settings.kv.n_ctx:
+            settings = replace(settings, kv=replace(settings.kv, n_ctx=best))
+            changes["--ctx-size"] = str(best)
+            at = next(i for i, step in enumerate(taken) if step.name == "ctx")
+            taken[at] = Step("ctx", f"{ctx_reason}{best}, the largest that fits with the steps after it")
+    allocs = allocations(facts, settings, target, policy)
+    if not all(a.fits for a in allocs):
+        worst = _worst(allocs)
+        raise SafeLlamaError(
+            f"safe-llama: nothing fits: even at -c {settings.kv.n_ctx or asked_ctx} with {settings.kv.type_k} KV, "
+            f"{describe(worst)}",
+            ExitStatus.NOTHING_FITS,
+        )
+    if policy.skip_llama_fit and not user_fit_set and (not target.on_gpu or settings.n_gpu_layers is not None):
+        changes["--fit"] = "off"
+        what = "-fit off"
+        if "--ctx-size" not in changes and request.n_ctx in (None, 0):
+            changes["--ctx-size"] = str(plan_kv(facts, settings.kv).context.n_ctx)
+            what = f"-c {changes['--ctx-size']} (what llama.cpp would pick) and -fit off"
+        taken.append(
+            Step("fit-off", f"{what}: the plan already sized it, so llama.cpp's own fitting dry run is skipped")
+        )
+    ctx_by_type: dict[str, int] = {}
+    for type_name in ("f16", "q8_0", "q4_0"):
+        if type_name != "f16" and not _kv_quant_ok(facts, type_name):
+            continue
+        trial = replace(settings, kv=replace(settings.kv, type_k=type_name, type_v=type_name))
+        ctx_by_type[type_name] = largest_ctx(facts, trial, target, policy, 256, max(asked_ctx, 256)) or 0
+    return Plan(
+        settings=settings,
+        kv=plan_kv(facts, settings.kv),
+        allocations=allocs,
+        steps=tuple(taken),
+        argv_changes=changes,
+        env_changes=env,
+        ctx_by_type=ctx_by_type,
+        notes=tuple(notes),
+    )
+
+
+def settings_summary(settings: Settings) -> dict[str, object]:
+    return {k: v for k, v in dataclasses.asdict(settings.kv).items()} | {
+        "stateful": settings.stateful,
+        "n_gpu_layers": settings.n_gpu_layers,
+    }
+
+
+def target_from(
+    device: TargetDevice,
+    host: HostBudget,
+    *,
+    binary_version: str | None,
+    profile: DeviceProfile | None = None,
+    kv_split: bool | None = None,
+    malloc_arena_max_set: bool = False,
+) -> Target:
+    """The planner's view of a probed (or declared) device.
+
+    A profile named on the command line describes the machine being planned for: when the probe only
+    sees this host's CPU, the profile's backend and GPU stand in for it (planning for another machine).
+    """
+    backend = device.backend
+    on_gpu = not device.on_host and backend != "unknown"  # no binary to ask: plan for the host
+    integrated = bool(device.integrated.value) if device.integrated is not None else False
+    if profile is not None and device.on_host and profile.backend not in (None, "cpu"):
+        backend = str(profile.backend)
+        on_gpu = True
+        integrated = bool(profile.integrated)
+    max_alloc = device.max_alloc_bytes if on_gpu else None
+    memory = device.memory_bytes if on_gpu and not integrated else None
+    return Target(
+        backend=backend if backend != "unknown" else "cpu",
+        host_budget=host.budget_bytes,
+        address_space_budget=any(limit.kind == "address space" for limit in host.limits)
+        or "RLIMIT_AS" in host.budget_bytes.detail,
+        malloc_arena_max_set=malloc_arena_max_set,
+        on_gpu=on_gpu,
+        integrated=integrated,
+        device=device.llama_name,
+        max_alloc=max_alloc,
+        device_memory=memory,
+        kv_split=kv_split,
+        binary_version=binary_version,
+        neo_filter=dict(device.neo_filter),
+        host_limits=host.limits,
+    )
+
+
+def with_learned(target: Target, learned_max_alloc: int | None) -> Target:
+    """The target with a max allocation the device itself named in a failed start (when it is lower)."""
+    if learned_max_alloc is None or (target.max_alloc is not None and target.max_alloc.value <= learned_max_alloc):
+        return target
+    return replace(target, max_alloc=Sourced(learned_max_alloc, "learned", "from the device's own error message"))

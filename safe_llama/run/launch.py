@@ -1,0 +1,325 @@
+"""Launch a llama.cpp tool with the plan, watch its start-up, retry smaller on an allocation failure,
+remember what worked, and hand back the child's exit code.
+
+Owns the attempt loop and what is said about it (one line per change, one per failed attempt). The
+process handling is supervise.py's, the decisions the planner's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safe_llama.cmdline.llama_args import redact_argv
+from safe_llama.device.binaries import find_binary
+from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.paths import cache_dir
+from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared, final_argv, prepare, replan
+from safe_llama.run.retry import Attempt, Learned, learn
+from safe_llama.run.say import Say
+from safe_llama.run.sdnotify import Notifier, child_env
+from safe_llama.state import check_cache
+from safe_llama.units import human
+
+if TYPE_CHECKING:
+    from safe_llama.run.signatures import Failure, SignatureTable
+    from safe_llama.run.supervise import ReadinessProbe, Stream, Verdict
+
+EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
+EXTEND_EVERY = 10.0
+_MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
+# Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
+# seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
+# under ulimit -v a context just past the limit aborts there (std::system_error, exit 134) once ready.
+_READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion"})
+
+
+def _remember_key(prepared: Prepared, binary: Path) -> str:
+    from safe_llama import state
+    from safe_llama.run import remember
+
+    target = prepared.target
+    identity = remember.Identity(
+        model=state.file_key(Path(prepared.model_path)),
+        binary=state.file_key(binary),
+        binary_version=target.binary_version,
+        device=f"{target.backend}:{target.device or ''}",
+        device_memory=target.device_memory.value if target.device_memory else None,
+        device_max_alloc=target.max_alloc.value if target.max_alloc else None,
+        budget_source=remember.budget_source(target.host_budget.detail, target.host_budget.source),
+        request=asdict(prepared.request.kv),
+    )
+    return remember.key(identity)
+
+
+def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchOptions) -> int:
+    """The whole launch; returns the exit code safe-llama leaves with."""
+    from safe_llama.run import remember, supervise
+    from safe_llama.run.signatures import load_table
+
+    say = Say(env)
+    supervise.check_not_nested(env)
+    unusable = check_cache(cache_dir(env))
+    if unusable is not None:
+        options = replace(options, remember=False)
+        say(f"{unusable}: running without caching or remembering plans", "warning")
+    binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
+    table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
+    notifier = Notifier(env)
+    base_env = child_env(env)
+    plan_options = options.plan
+    try:
+        prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
+    except ModelNotOnDisk as missing:  # llama.cpp downloads it; its own fitting stays on
+        say(missing.message.removeprefix("safe-llama: "))
+        prepared = None
+    except SafeLlamaError as err:
+        if err.status not in (ExitStatus.USAGE,):
+            raise
+        say(f"not planning ({err.message.removeprefix('safe-llama: ')}); running llama.cpp as given", "warning")
+        prepared = None
+    digest = None
+    if prepared is not None and options.remember:
+        digest = _remember_key(prepared, binary)
+        known = remember.recall(digest, env)
+        if known is not None and known.learned_max_alloc is not None:  # the device's own limit: any budget
+            plan_options = replace(plan_options, learned_max_alloc=known.learned_max_alloc)
+            prepared = replan(prepared, plan_options, env)
+        if known is not None and not remember.usable(known, prepared.target.host_budget.value):
+            known = None  # the size was learned under a tighter budget than this launch has: plan afresh
+        if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
+            # the plan would ask for more than what last started here: start from what worked
+            plan_options = replace(plan_options, kv_cap=known.kv_bytes)
+            prepared = replan(prepared, plan_options, env)
+            say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
+    attempt = 0
+    last_kv: tuple[int, int] | None = None
+    learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
+    stepped = False  # this attempt's size is a step below an earlier failure
+    while True:
+        attempt += 1
+        if prepared is None or (attempt == 1 and not options.predict):
+            argv = list(args) if prepared is None else final_argv(_unplanned(prepared))
+            extra_env: dict[str, str] = {}
+            kv_now = None if prepared is None else _unplanned_footprint(prepared)
+        else:
+            if prepared.plan is None:
+                assert prepared.error is not None
+                if attempt == 1:
+                    raise prepared.error
+                raise SafeLlamaError(
+                    f"{prepared.error.message} (after {attempt - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
+                )
+            for step in prepared.plan.steps:
+                say(step.reason)
+            argv = final_argv(prepared)
+            extra_env = dict(prepared.plan.env_changes)
+            kv_now = _footprint(prepared)
+        if last_kv is not None and kv_now is not None and kv_now >= last_kv:
+            raise SafeLlamaError(
+                f"safe-llama: no plan smaller than the one that failed ({human(last_kv[1])} of KV, "
+                f"{human(last_kv[0])} of it on the device); giving up after {attempt - 1} attempt(s)",
+                ExitStatus.RETRIES_EXHAUSTED,
+            )
+        notifier.status(f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200])
+        on_ready = _ReadyActions(say, notifier, attempt)
+        if (
+            prepared is not None
+            and digest is not None
+            and prepared.plan is not None
+            and attempt_is_planned(attempt, options)
+        ):
+            on_ready.store = (digest, prepared, plan_options, env)
+        probe = supervise.probe_for(tool, argv, {**base_env, **extra_env})
+        on_ready.health = probe.check if tool == "server" else None
+        notifier.extend_timeout(EXTEND_TIMEOUT)
+        outcome = supervise.launch(
+            [str(binary), *argv],
+            {**base_env, **extra_env},
+            watcher=_Watcher(table, on_ready),
+            probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+        )
+        on_ready.stop_watchdog()
+        if outcome.ready:
+            notifier.stopping()
+        if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
+            return outcome.exit_code
+        failure = outcome.failure
+        assert failure is not None
+        if prepared is None:
+            say(f"start failed for lack of memory ({failure.line or failure.kind}); no plan to retry with", "error")
+            return outcome.exit_code
+        if attempt >= options.attempts:
+            say(f"attempt {attempt} failed: {failure.line or failure.kind}; no attempts left", "error")
+            return int(ExitStatus.RETRIES_EXHAUSTED)
+        last_kv = kv_now
+        lower = replan(prepared, replace(plan_options, kv_cap=None, margin_scale=1.0), env).plan
+        lesson = learn(
+            _attempted(prepared, kv_now, planned=attempt_is_planned(attempt, options), stepped=stepped),
+            failure,
+            learned,
+            lower_kv=lower.kv.total_bytes if lower is not None else None,
+            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
+        )
+        learned = lesson.learned
+        plan_options = replace(
+            plan_options,
+            learned_max_alloc=learned.max_alloc,
+            compute_extra=learned.compute_extra,
+            kv_cap=learned.kv_cap,
+            margin_scale=_MARGIN_SCALE[learned.margin],
+        )
+        say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
+        prepared = replan(prepared, plan_options, env)
+        stepped = _cap_binds(prepared, plan_options, env)
+
+
+def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
+    return options.predict or attempt > 1
+
+
+class _ReadyActions:
+    """What happens the moment start-up is over: remember the plan, tell systemd, keep its watchdog fed
+    while llama-server's /health answers 200 (and only then: systemd restarts a server that stops)."""
+
+    def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
+        self.say = say
+        self.notifier = notifier
+        self.attempt = attempt
+        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+        self.health: Callable[[], bool] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self) -> None:
+        if self.store is not None:
+            digest, prepared, options, env = self.store
+            _store(digest, prepared, options, env)
+        self.notifier.ready(f"ready (attempt {self.attempt})")
+        interval = self.notifier.watchdog_interval
+        if interval is not None:
+            # started from inside supervise.launch, so the thread inherits its blocked signal mask
+            self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
+            self._thread.start()
+
+    def _watchdog(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            if self.health is None or self.health():
+                self.notifier.watchdog()
+
+    def stop_watchdog(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+class _NotifyingProbe:
+    """The readiness probe, plus EXTEND_TIMEOUT_USEC to systemd while loading goes on."""
+
+    def __init__(self, inner: ReadinessProbe, notifier: Notifier) -> None:
+        self._inner = inner
+        self._notifier = notifier
+        self._last = time.monotonic()
+
+    def output(self, stream: Stream, data: bytes) -> bool:
+        return self._inner.output(stream, data)
+
+    def poll_interval(self) -> float | None:
+        inner = self._inner.poll_interval()
+        return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)
+
+    def check(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= EXTEND_EVERY:
+            self._notifier.extend_timeout(EXTEND_TIMEOUT)
+            self._last = now
+        return self._inner.check()
+
+
+class _Watcher:
+    """The signature watcher, plus the ready actions."""
+
+    def __init__(self, table: SignatureTable, on_ready: _ReadyActions) -> None:
+        from safe_llama.run.supervise import SignatureWatcher
+
+        self._inner = SignatureWatcher(table)
+        self._on_ready = on_ready
+
+    def output(self, stream: Stream, data: bytes) -> Verdict:
+        return self._inner.output(stream, data)
+
+    def ready(self) -> None:
+        self._inner.ready()
+        self._on_ready()
+
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
+        return self._inner.conclude(returncode, oom_evidence)
+
+
+def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
+    """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
+    from safe_llama.model.kv import plan_kv
+    from safe_llama.plan.planner import compute_estimate
+
+    kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
+    kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
+    req = prepared.plan.settings.kv if prepared.plan is not None else prepared.request.kv
+    estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=prepared.target.kv_f16_copies)
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped)
+
+
+def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
+    """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
+    if prepared.plan is None or options.kv_cap is None:
+        return False
+    free = replan(prepared, replace(options, kv_cap=None), env).plan
+    return free is None or free.kv.total_bytes > prepared.plan.kv.total_bytes
+
+
+def _unplanned(prepared: Prepared) -> Prepared:
+    return replace(prepared, plan=None)
+
+
+def _footprint(prepared: Prepared) -> tuple[int, int]:
+    """(KV bytes on the device, KV bytes in all): each attempt must be strictly smaller than the last."""
+    assert prepared.plan is not None
+    total = prepared.plan.kv.total_bytes
+    on_device = prepared.target.on_gpu and not prepared.plan.settings.stateful
+    return (total if on_device else 0, total)
+
+
+def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
+    from safe_llama.model.kv import plan_kv
+
+    total = plan_kv(prepared.facts, prepared.request.kv).total_bytes
+    return (total if prepared.target.on_gpu else 0, total)
+
+
+def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> None:
+    from safe_llama.run import remember
+
+    assert prepared.plan is not None
+    record = remember.Remembered(
+        kv_bytes=prepared.plan.kv.total_bytes,
+        learned_max_alloc=options.learned_max_alloc,
+        budget_bytes=prepared.target.host_budget.value,
+    )
+    try:
+        remember.store(digest, record, env)
+    except OSError as err:
+        Say(env)(f"could not remember the plan: {err.strerror}", "warning")
+
+
+def launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+    """The supervised launch with safe-llama's own options resolved (flags over SAFE_LLAMA_* over the config
+    file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`)."""
+    from safe_llama.cmdline import launch_args
+    from safe_llama.run.options import launch_options
+
+    settings, origins = launch_args.resolve_sourced(given, os.environ)
+    return run(tool, args, os.environ, launch_options(settings, origins))

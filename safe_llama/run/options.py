@@ -1,0 +1,96 @@
+"""safe-llama's own options (resolved by cmdline.launch_args: flags over SAFE_LLAMA_* over config.toml) turned
+into the options of a plan and a launch: the ladder's steps checked against the planner's, the declared
+device and host limits read, the numbers checked.
+
+Owns that validation; the values themselves come from cmdline.launch_args."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.run.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOptions
+
+
+def _truthy(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.lower() not in ("0", "false", "no", "off")
+
+
+def plan_options(
+    *,
+    ladder: str | None,
+    min_ctx: int | None,
+    profile: str | None,
+    max_alloc: str | None,
+    device_memory: str | None,
+    integrated: bool | None,
+    host_memory: str | None,
+    llama_bin: str | None,
+    llama_version: str | None,
+    kv_split: bool | None,
+    origins: Mapping[str, str] | None = None,
+) -> PlanOptions:
+    from safe_llama.device.devices import declared_limits
+    from safe_llama.plan.policy import STEPS
+
+    steps = None
+    if ladder is not None:
+        steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
+        bad = [s for s in steps if s not in STEPS]
+        if bad:
+            raise SafeLlamaError(
+                f"safe-llama: --ladder: unknown step '{bad[0]}' (one of {', '.join(STEPS)})", ExitStatus.USAGE
+            )
+    if min_ctx is not None and min_ctx < 1:
+        raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
+    declared = declared_limits(
+        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
+        host_memory=host_memory, origins=origins,
+    )  # fmt: skip
+    return PlanOptions(
+        ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
+        kv_split=kv_split,
+    )  # fmt: skip
+
+
+def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> LaunchOptions:
+    def number(key: str) -> int | None:
+        if key not in settings:
+            return None
+        try:
+            return int(settings[key])
+        except ValueError:
+            where = (origins or {}).get(key, "--" + key.replace("_", "-"))
+            raise SafeLlamaError(
+                f"safe-llama: {where}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
+            ) from None
+
+    integrated = True if _truthy(settings.get("integrated"), False) else None
+    if _truthy(settings.get("discrete"), False):
+        integrated = False
+    plan = plan_options(
+        ladder=settings.get("ladder"),
+        min_ctx=number("min_ctx"),
+        profile=settings.get("profile"),
+        max_alloc=settings.get("max_alloc"),
+        device_memory=settings.get("device_memory"),
+        integrated=integrated,
+        host_memory=settings.get("host_memory"),
+        llama_bin=settings.get("bin_dir"),
+        llama_version=settings.get("llama_version"),
+        kv_split=None,
+        origins=origins,
+    )
+    attempts = number("attempts")
+    if attempts is None:
+        attempts = DEFAULT_ATTEMPTS
+    elif attempts < 1:
+        raise SafeLlamaError("safe-llama: --attempts: must be at least 1", ExitStatus.USAGE)
+    return LaunchOptions(
+        plan=plan,
+        predict=_truthy(settings.get("predict"), True),
+        attempts=attempts,
+        remember=_truthy(settings.get("remember"), True),
+    )

@@ -1,0 +1,232 @@
+"""The commands' bodies: each gathers facts, calls the pure core, and renders one result.
+
+Owns the order of the steps for a command; must not hold policy nor parse options itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
+from safe_llama.cmdline.request import Request, to_request
+from safe_llama.device.device_map import DeclaredLimits
+from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.facts_cache import facts_for
+from safe_llama.model.kv import KvPlan
+from safe_llama.paths import config_dir, configs_dir
+from safe_llama.plan.planner import (
+    Draft,
+    Layout,
+    Override,
+    Plan,
+    Target,
+    plan,
+    target_from,
+    with_learned,
+)
+from safe_llama.plan.policy import load_policy
+from safe_llama.units import human
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """safe-llama's own planning options (from its command line, SAFE_LLAMA_* or the config file)."""
+
+    ladder: tuple[str, ...] | None = None
+    min_ctx: int | None = None
+    declared: DeclaredLimits = field(default_factory=DeclaredLimits)
+    llama_bin: str | None = None
+    llama_version: str | None = None  # planning for another build: its `--version`
+    kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
+    learned_max_alloc: int | None = None
+    kv_cap: int | None = None  # after a failed start: stay at or under this much KV
+    compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
+    margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
+
+
+DEFAULT_ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launch's options; beside PlanOptions so `plan` resolves them without importing the launcher."""
+
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    predict: bool = True  # False: the first attempt runs the command line as given
+    attempts: int = DEFAULT_ATTEMPTS
+    remember: bool = True
+
+
+@dataclass(frozen=True)
+class Prepared:
+    cmd: CommandLine
+    request: Request
+    model_path: str
+    facts: ModelFacts
+    target: Target
+    binary: Path | None
+    plan: Plan | None
+    error: SafeLlamaError | None  # NOTHING_FITS
+    source: ModelSource | None = None  # None: no source given, the bundled model
+    layout: Layout = field(default_factory=Layout)
+    notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
+
+
+def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
+    """The file to plan on: the source's, never the bundled model when a source is given."""
+    if source is not None:
+        if source.path is None:
+            raise ModelNotOnDisk(
+                f"safe-llama: {source.spec} is not downloaded yet ({source.where}): llama.cpp downloads it and "
+                "fits it itself on this start; the plan is exact from the next start"
+            )
+        return source.path
+    from safe_llama.model.bundled import bundled_model_path
+
+    return str(bundled_model_path(env))
+
+
+def _file_size(path: str | None) -> int:
+    try:
+        return os.stat(path).st_size if path else 0
+    except OSError:
+        return 0
+
+
+def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str]) -> tuple[Layout, tuple[str, ...]]:
+    """The request's memory options with the files they name read (draft facts, projector size)."""
+    notes: list[str] = []
+    draft = None
+    if req.draft is not None:
+        draft_path = req.draft.model
+        if req.draft.hf_repo:
+            found = resolve_hf(req.draft.hf_repo, None, req.cmd.tool, env, mmproj=False)
+            draft_path = found.path
+            if found.path is None:
+                notes.append(f"draft model {req.draft.hf_repo} is not downloaded yet: planned without it")
+        if draft_path:
+            ngl = req.draft.n_gpu_layers
+            draft = Draft(
+                facts=facts_for(draft_path, env),
+                n_gpu_layers=None if ngl < 0 else ngl,
+                type_k=req.draft.type_k,
+                type_v=req.draft.type_v,
+                overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.draft.overrides),
+            )
+    mmproj = req.mmproj or (source.mmproj if source is not None else None)
+    layout = Layout(
+        kv_offload=req.kv_offload,
+        overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides),
+        devices=req.devices,
+        split_mode=req.split_mode,
+        tensor_split=req.tensor_split,
+        main_gpu=req.main_gpu,
+        mmproj_bytes=_file_size(mmproj),
+        mmproj_offload=req.mmproj_offload,
+        prompt_cache_mib=req.cache_ram_mib,
+        load_mode=req.load_mode,
+        draft=draft,
+    )
+    return layout, tuple(notes)
+
+
+def prepare(
+    tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, *, binary: Path | None = None
+) -> Prepared:
+    """Facts about the model and the device, and the plan (or why nothing fits). `binary`: the llama.cpp
+    tool already found by the caller (the launcher), so it is not looked up twice."""
+    from safe_llama.device.binaries import find_binary
+    from safe_llama.device.devices import probe_devices
+
+    cmd = parse(tool, args, env)
+    req = to_request(cmd)
+    source = resolve(cmd, env)
+    path = model_path_for(source, env)
+    facts = facts_for(path, env)
+    layout, notes = layout_for(req, source, env)
+    try:
+        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
+    except SafeLlamaError:
+        if options.llama_bin:
+            raise
+        binary = None  # planning without a binary: the declared limits and the host budget only
+    report = probe_devices(binary=binary, args=args, env=env, declared=options.declared, opencl_always=False)
+    version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
+    target = target_from(
+        report.target,
+        report.host,
+        binary_version=version,
+        profile=report.profile,
+        kv_split=options.kv_split,
+        malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
+    )
+    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes)
+    return replan(prepared, options, env)
+
+
+def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> Prepared:
+    """The plan again for the same model and device, with what was learned (a device limit, a KV cap):
+    no file or device is read again."""
+    cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
+    target = with_learned(prepared.target, options.learned_max_alloc)
+    target = replace(
+        target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
+    )
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
+    target = replace(
+        target,
+        kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,
+        cpu_repack_types=policy.cpu_repack_types,
+    )
+    ngl = req.n_gpu_layers
+    user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
+    try:
+        decided: Plan | None = plan(
+            facts,
+            req.kv,
+            target,
+            policy,
+            ladder=options.ladder,
+            user_fit_set=cmd.get("--fit") is not None,
+            user_ngl=user_ngl,
+            floor=options.min_ctx,
+            layout=prepared.layout,
+            user_env=env,
+        )
+        error = None
+    except SafeLlamaError as err:
+        if err.status != ExitStatus.NOTHING_FITS:
+            raise
+        decided, error = None, err
+    return replace(prepared, target=target, plan=decided, error=error)
+
+
+def final_argv(prepared: Prepared) -> list[str]:
+    """The tool's argv as the plan launches it: the user's, with the plan's explicit changes."""
+    changes = dict(prepared.plan.argv_changes) if prepared.plan else {}
+    if prepared.source is None:  # no source at all: the bundled model, named explicitly
+        changes["--model"] = prepared.model_path
+    return rewrite(prepared.cmd, changes)
+
+
+def context_note(facts: ModelFacts, kv: KvPlan, tool: str) -> str | None:
+    """One line when the context per sequence is above the trained context."""
+    ctx = kv.context
+    train = facts.context_length
+    if not train or ctx.n_ctx_seq <= train:
+        return None
+    extra = kv.total_bytes - kv.total_bytes * train // max(ctx.n_ctx_seq, 1)
+    what = (
+        f"llama-server caps each slot at {train} tokens"
+        if tool == "server"
+        else f"llama.cpp warns of a training context overflow past {train} tokens"
+    )
+    return (
+        f"context {ctx.n_ctx_seq} per sequence is above the model's trained context {train}: {what}; "
+        f"the {ctx.n_ctx_seq - train} extra cells cost about {human(extra)} of KV"
+    )

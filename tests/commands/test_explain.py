@@ -1,0 +1,491 @@
+"""Tests for safe_llama/commands/explain.py: reading logs, the plain words, the remedies, the command.
+
+Logs come from tests/fixtures/logs/ (real output of the pinned llama.cpp, CPU and OpenVINO builds, and the
+seed report's text); the slow tests make fresh ones with the real binaries and explain them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from safe_llama.commands import explain
+from safe_llama.commands.explain import (
+    Explanation,
+    failed_run,
+    load_words,
+    parse_command,
+    read_log,
+    ready_command,
+    render_text,
+    run_explain,
+    stage_of,
+    to_json,
+)
+from safe_llama.errors import SafeLlamaError
+from safe_llama.paths import configs_dir
+from safe_llama.plan.policy import load_policy
+from safe_llama.run.signatures import load_table
+from tests import FIXTURES
+from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
+
+LOGS = FIXTURES / "logs"
+TABLE = load_table()
+WORDS = load_words(configs_dir() / "explain.toml")
+POLICY = load_policy(configs_dir() / "planner.toml")
+BUNDLED = "/root/.cache/safe-llama/models/gemma-3-270m-q4_k_m.gguf"
+SEED_MODEL = "/home/lucasso/models/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
+
+# The error text of the seed report (seed/000_af8630c3d7ac02a3.txt, "报错原文"), as a user would paste it:
+# no header comment, no context size anywhere.
+SEED_TEXT = (LOGS / "openvino-seed.log").read_text().split("\n", 1)[1]
+
+
+def explained(text: str, *, args: tuple[str, ...] = (), model: str | None = None) -> Explanation:
+    """explain's pure path on a log's text: the numbers only (no prepared plan)."""
+    reading = read_log(text, TABLE)
+    run = failed_run(reading.facts, args=args, model=model, tool=None)
+    return explain.explain(reading, run, WORDS, POLICY, source="test")
+
+
+def log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def remedy(expl: Explanation, step: str) -> explain.Remedy:
+    return next(r for r in expl.remedies if r.step == step)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading logs
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "tool", "model", "n_ctx", "backend", "signature"),
+    [
+        pytest.param(
+            "openvino-seed.log", "completion", SEED_MODEL, None, "openvino", "openvino-max-alloc-size", id="seed"
+        ),
+        pytest.param("server-kv-oom.log", "server", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="server-oom"),
+        pytest.param(
+            "server-kv-oom-lv4.log", "server", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="server-oom-lv4"
+        ),
+        pytest.param("cli-kv-oom.log", "cli", BUNDLED, None, "cpu", "cpu-aligned-malloc", id="cli-oom"),
+        pytest.param("cli-kv-oom.pty.log", "cli", BUNDLED, None, "cpu", "cpu-aligned-malloc", id="cli-oom-pty"),
+        pytest.param(
+            "completion-kv-oom.log", "completion", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="completion-oom"
+        ),
+        pytest.param(
+            "openvino-cpu-kv-oom.log", "completion", None, 2000128, "openvino", "cpu-aligned-malloc",
+            id="openvino-cpu-oom",
+        ),
+        pytest.param("server-bad-magic.log", "server", "badmagic.gguf", None, None, "gguf-invalid", id="bad-magic"),
+        pytest.param(
+            "server-truncated-data.log", "server", "trunc100m.gguf", None, None, "model-corrupt", id="truncated"
+        ),
+        pytest.param("server-bad-argument.log", "server", None, None, None, "invalid-argument", id="bad-argument"),
+        pytest.param(
+            "cuda-oom-fitoff.log", "server", "/tmp/bigkv.gguf", 2000128, "cuda", "cuda-malloc", id="cuda-oom"
+        ),
+    ],
+)  # fmt: skip
+def test_read_log_finds_the_failure_and_its_facts(
+    name: str, tool: str, model: str | None, n_ctx: int | None, backend: str | None, signature: str
+) -> None:
+    reading = read_log(log(name), TABLE)
+    assert reading.failure is not None and reading.failure.signature_id == signature
+    assert (reading.facts.tool, reading.facts.model_path, reading.facts.n_ctx, reading.facts.backend) == (
+        tool,
+        model,
+        n_ctx,
+        backend,
+    )
+
+
+def test_read_log_verbosity_4_gives_slots_and_the_llama_context_line() -> None:
+    facts = read_log(log("server-kv-oom-lv4.log"), TABLE).facts
+    assert facts.n_seq_max == 4
+    assert "llama_context: n_ctx" in facts.n_ctx_from
+
+
+def test_a_header_comment_is_read_for_its_command_line_only() -> None:
+    text = "# note: failed to allocate buffer for kv cache; ran: llama-server -m m.gguf -c 8192\nall good\n"
+    reading = read_log(text, TABLE)
+    assert reading.failure is None
+    assert reading.facts.command_args == ("-m", "m.gguf", "-c", "8192")
+    assert reading.facts.annotation_lines == 1
+
+
+def test_a_ready_log_has_no_failure() -> None:
+    reading = read_log(log("completion-ready.log"), TABLE)
+    assert reading.failure is None and reading.facts.started and not reading.error_lines
+
+
+def test_openvino_refusing_its_device() -> None:
+    reading = read_log(log("openvino-device-refused.log"), TABLE)
+    assert reading.failure is None or not reading.failure.memory
+    assert reading.refused_device == "GPU"
+    assert [ov for ov, _ in reading.available_devices] == ["CPU"]
+
+
+COMMANDS = [
+    ("prompt", "$ llama-server -m m.gguf -c 4096 --port 8080", "server", "-m m.gguf -c 4096 --port 8080", {}),
+    (
+        "path-and-quotes",
+        "user@box:~$ ./build/bin/llama-completion -m 'my model.gguf' -c 65536 -p hi",
+        "completion",
+        "-m|my model.gguf|-c|65536|-p|hi",
+        {},
+    ),
+    ("env-words", "GGML_OPENVINO_DEVICE=GPU llama-cli -m x.gguf", "cli", "-m x.gguf", {"GGML_OPENVINO_DEVICE": "GPU"}),
+    (
+        "inside-bash-c",
+        "bash -c 'ulimit -v 3000000; llama-server -m MODEL -c 2000000 --port 0'; exit 1",
+        "server",
+        "-m MODEL -c 2000000 --port 0",
+        {},
+    ),
+    ("redirect", "llama-server -m x.gguf 2>&1 | tee log", "server", "-m x.gguf", {}),
+    ("drop-in-unknown-words", "safe-llama-server -c 512 --bogus word", "server", "-c 512", {}),
+]
+
+
+@pytest.mark.parametrize(("line", "tool", "args", "env"), [pytest.param(*c[1:], id=c[0]) for c in COMMANDS])
+def test_parse_command(line: str, tool: str, args: str, env: dict[str, str]) -> None:
+    words = tuple(args.split("|")) if "|" in args else tuple(args.split())
+    assert parse_command(line) == (tool, words, env)
+
+
+def test_a_log_line_is_not_a_command_line() -> None:
+    assert parse_command("srv  llama_server: exiting due to model loading error") is None
+
+
+def test_every_signature_has_plain_words() -> None:
+    missing = [sig.id for sig in TABLE.signatures if "what" not in WORDS.signatures.get(sig.id, {})]
+    assert missing == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# The failed run: which values win
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_explicit_arguments_beat_the_log_which_beats_its_comment() -> None:
+    facts = read_log(log("server-kv-oom.log"), TABLE).facts
+    from_log = failed_run(facts, args=(), model=None, tool=None)
+    assert from_log.model_path == BUNDLED  # the log's loader line, not the comment's placeholder MODEL
+    assert from_log.args[:2] == ("-m", BUNDLED) or "--model" in from_log.args
+    assert from_log.n_ctx == 2000128  # what llama.cpp used, not the comment's -c 2000000
+    given = failed_run(facts, args=("-c", "4096"), model="/x.gguf", tool="completion")
+    assert (given.tool, given.model_path, given.n_ctx, given.args) == (
+        "completion",
+        "/x.gguf",
+        4096,
+        ("-m", "/x.gguf", "-c", "4096"),
+    )
+
+
+def test_ready_command_quotes_and_redacts() -> None:
+    run = failed_run(
+        read_log("", TABLE).facts, args=("-m", "a b.gguf", "--api-key", "s3cret"), model=None, tool="server"
+    )
+    command = ready_command(run, {"--ctx-size": "512"}, {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"})
+    assert command == ("GGML_OPENVINO_STATEFUL_EXECUTION=1 llama-server -m 'a b.gguf' --api-key '<redacted>' -c 512")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seed: stateful execution, -c 37376, a quantized cache
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_seed_names_the_allocation_the_limit_and_the_three_remedies() -> None:
+    expl = explained(log("openvino-seed.log"))  # its header comment quotes `llama-completion -c 65536`
+    assert expl.status == "explained" and expl.exit_code == 0
+    assert "one allocation of 7,516,192,768 bytes" in expl.what
+    assert "4,294,959,104 bytes" in expl.what
+    assert expl.stage == "kv" and expl.basis == "numbers"
+    assert [r.step for r in expl.remedies] == ["stateful", "ctx", "kv-q4", "safe-llama"]
+    stateful = remedy(expl, "stateful")
+    assert stateful.env == {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"}
+    assert stateful.command == f"GGML_OPENVINO_STATEFUL_EXECUTION=1 llama-completion -m {SEED_MODEL} -c 65536"
+    assert remedy(expl, "ctx").command == f"llama-completion -m {SEED_MODEL} -c 37376"
+    quantized = remedy(expl, "kv-q4")
+    assert quantized.command == f"llama-completion -m {SEED_MODEL} -c 65536 -ctk q4_0 -ctv q4_0 -fa on"
+    assert any("q8_0 was never verified on OpenVINO" in n for n in quantized.notes)
+    assert any("114,688 bytes per token" in w for w in expl.why)
+
+
+def test_seed_text_without_a_context_gives_the_proportion_honestly() -> None:
+    expl = explained(SEED_TEXT)
+    ctx = remedy(expl, "ctx")
+    assert ctx.command is None
+    assert "57.09%" in ctx.summary
+    assert any("context the failed run asked for is not in the log" in n for n in expl.notes)
+    assert remedy(expl, "kv-q4").command == f"llama-completion -m {SEED_MODEL} -ctk q4_0 -ctv q4_0 -fa on"
+
+
+def test_seed_text_with_the_context_given() -> None:
+    expl = explained(SEED_TEXT, args=("-c", "65536"))
+    assert remedy(expl, "ctx").argv_changes == {"--ctx-size": "37376"}
+
+
+@pytest.mark.parametrize(
+    ("budget", "requested", "cells", "expected"),
+    [
+        pytest.param(4294959104 - 4194304, 7516192768, 65536, 37376, id="seed"),
+        pytest.param(114688 * 37632, 7516192768, 65536, 37632, id="exactly-on-the-grid"),
+        pytest.param(114688 * 37632 - 1, 7516192768, 65536, 37376, id="one-byte-short"),
+        pytest.param(100, 7516192768, 65536, 0, id="nothing-fits"),
+    ],
+)
+def test_grid_context(budget: int, requested: int, cells: int, expected: int) -> None:
+    assert explain._grid(budget, requested, cells) == expected
+
+
+def test_a_host_allocation_failure_without_a_limit_takes_the_retry_step() -> None:
+    expl = explained(log("completion-kv-oom.log"), model="/absent.gguf")
+    ctx = remedy(expl, "ctx")
+    # 3/4 of 6,144,393,216 bytes at 3,072 bytes per token, on the 256 grid
+    assert ctx.argv_changes == {"--ctx-size": str(6144393216 * 3 // 4 // 3072 // 256 * 256)}
+    assert "3/4 of the allocation that failed" in ctx.detail
+    assert [r.step for r in expl.remedies] == ["ctx", "kv-q8", "kv-q4", "safe-llama"]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "fix_words"),
+    [
+        pytest.param("server-bad-argument.log", "not_memory", "--help", id="bad-argument"),
+        pytest.param("server-truncated-data.log", "not_memory", "download it again", id="truncated"),
+        pytest.param("server-port-in-use.log", "not_memory", "--port", id="port"),
+        pytest.param("completion-quantized-v-no-fa.log", "not_memory", "-fa on", id="quantized-v"),
+        pytest.param("openvino-device-refused.log", "not_memory", "GGML_OPENVINO_DEVICE", id="ov-device"),
+    ],
+)
+def test_not_memory_failures_get_a_fix_not_a_plan(name: str, kind: str, fix_words: str) -> None:
+    expl = explained(log(name))
+    assert expl.status == "explained" and expl.kind == kind and not expl.memory
+    assert fix_words in expl.remedies[0].summary
+    assert all(r.step in ("fix", "device") for r in expl.remedies)
+
+
+def test_openvino_device_refused_offers_the_devices_it_has() -> None:
+    expl = explained(log("openvino-device-refused.log"))
+    device = remedy(expl, "device")
+    assert device.command == "GGML_OPENVINO_DEVICE=CPU llama-server -m MODEL -c 4096 --port 0"
+
+
+def test_compute_buffer_failure_points_at_the_batches() -> None:
+    expl = explained(log("completion-compute-oom.log"), model="/absent.gguf")
+    assert expl.stage == "compute"
+    assert remedy(expl, "batch").argv_changes == {"--ubatch-size": "512", "--batch-size": "2048"}
+
+
+def test_no_failure_and_unrecognised_errors_exit_1() -> None:
+    assert explained(log("completion-ready.log")).exit_code == 1
+    unknown = explained("0.00.001.000 E something odd happened\n")
+    assert (unknown.status, unknown.exit_code, unknown.line) == ("unrecognised", 1, "something odd happened")
+
+
+def test_the_phase_names_an_allocation_without_a_stage_of_its_own() -> None:
+    expl = explained(log("completion-bad-alloc.log"), model="/absent.gguf")  # std::bad_alloc loading the vocabulary
+    assert expl.stage == "weights"
+    assert [r.step for r in expl.remedies] == ["weights", "safe-llama"]
+
+
+def test_llama_cli_stdout_points_at_its_stderr() -> None:
+    expl = explained(log("cli-kv-oom.stdout.log"))
+    assert (expl.status, expl.line) == ("unrecognised", "Error: the server exited before becoming ready")
+    assert any("prints the cause on stderr" in n for n in expl.notes)
+
+
+def test_stage_comes_from_the_words_table() -> None:
+    assert stage_of(read_log(log("server-kv-oom.log"), TABLE), WORDS) == "kv"  # cache-buffer line
+    assert stage_of(read_log(log("openvino-cpu-kv-oom.log"), TABLE), WORDS) == "context"  # by the log's phase
+
+
+def test_rendering_text_and_json_from_the_same_value() -> None:
+    expl = explained(log("openvino-seed.log"))
+    text = render_text(expl)
+    assert text.startswith("What   llama-completion failed to start:")
+    assert f"$ llama-completion -m {SEED_MODEL} -c 37376" in text
+    data = json.loads(to_json(expl))
+    assert data["exit_code"] == 0 and data["requested_bytes"] == 7516192768 and data["limit_bytes"] == 4294959104
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command's shell: input, exit codes, the exact plan
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_run_explain_reads_stdin(clean_env: dict[str, str]) -> None:
+    out = io.StringIO()
+    code = run_explain(file="-", stdin=io.BytesIO(log("completion-ready.log").encode()), env=clean_env, out=out)
+    assert code == 1 and out.getvalue().startswith("What   no failure found")
+
+
+def test_a_model_the_log_names_but_this_machine_lacks(clean_env: dict[str, str]) -> None:
+    out = io.StringIO()
+    assert run_explain(file=str(LOGS / "openvino-seed.log"), json_out=True, env=clean_env, out=out) == 0
+    data = json.loads(out.getvalue())
+    assert data["basis"] == "numbers"
+    assert any(f"names the model {SEED_MODEL}, which is not on this machine" in n for n in data["notes"])
+
+
+def test_unreadable_log_is_a_bad_argument_not_a_bad_model(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    with pytest.raises(SafeLlamaError) as err:
+        run_explain(file=str(tmp_path / "absent.log"), env=clean_env, out=io.StringIO())
+    assert int(err.value.status) == 2
+    assert err.value.message == f"safe-llama: explain: {tmp_path / 'absent.log'}: No such file or directory"
+
+
+@pytest.mark.slow
+def test_exact_plan_for_the_seed_with_its_model(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """With the model (its metadata suffices), every remedy is planned: the seed's -c 37376 again."""
+    model = write_metadata_gguf(tmp_path / "llama-3b.gguf", "llama", LLAMA_3B)
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / "openvino-seed.log"), model=str(model), json_out=True, env=clean_env, out=out)
+    data = json.loads(out.getvalue())
+    assert code == 0 and data["basis"] == "plan"
+    steps = {r["step"]: r for r in data["remedies"]}
+    assert list(steps) == ["stateful", "ctx", "kv-q4", "safe-llama"]
+    assert steps["ctx"]["argv_changes"]["--ctx-size"] == "37376"
+    assert steps["stateful"]["env"] == {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"}
+    assert steps["kv-q4"]["command"] == f"llama-completion -m {model} -c 65536 -ctk q4_0 -ctv q4_0 -fa on"
+    assert any("exactly this model's KV cache" in w and "114,688 bytes per token" in w for w in data["why"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fresh logs from the real pinned binaries
+# ---------------------------------------------------------------------------------------------------
+
+
+def _stderr(argv: list[str], env: Mapping[str, str], limit_kib: int | None = None) -> tuple[int, str]:
+    command = " ".join(f"'{a}'" for a in argv)
+    script = f"ulimit -v {limit_kib}; exec {command}" if limit_kib else f"exec {command}"
+    done = subprocess.run(
+        ["bash", "-c", script], env=dict(env), capture_output=True, timeout=180, stdin=subprocess.DEVNULL
+    )
+    return done.returncode, done.stderr.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_real_cpu_allocation_failure_under_ulimit(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    argv = [str(llama_bin / "llama-completion"), "-m", str(bundled_model), "-c", "2000000", "-p", "hi", "-n", "1"]
+    code, err = _stderr(argv, clean_env, limit_kib=3000000)
+    assert code == 1
+    (tmp_path / "run.log").write_text(err)
+    out = io.StringIO()
+    assert run_explain(file=str(tmp_path / "run.log"), json_out=True, env=clean_env, out=out) == 0
+    data = json.loads(out.getvalue())
+    assert (data["memory"], data["stage"], data["basis"]) == (True, "kv", "plan")
+    assert data["requested_bytes"] == 6144393216
+    ctx = next(r for r in data["remedies"] if r["step"] == "ctx")
+    assert int(ctx["argv_changes"]["--ctx-size"]) < 2000000
+
+
+@pytest.mark.slow
+def test_real_truncated_model(llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    with bundled_model.open("rb") as src, truncated.open("wb") as dst:
+        dst.write(src.read(100_000_000))
+    code, err = _stderr([str(llama_bin / "llama-completion"), "-m", str(truncated), "-p", "hi", "-n", "1"], clean_env)
+    assert code == 1
+    expl = explained(err)
+    assert (expl.kind, expl.memory, expl.run.model_path) == ("not_memory", False, str(truncated))
+    assert "corrupted or incomplete" in expl.what
+
+
+@pytest.mark.slow
+def test_real_bad_argument(llama_bin: Path, clean_env: dict[str, str]) -> None:
+    code, err = _stderr([str(llama_bin / "llama-server"), "--bogus"], clean_env)
+    assert code == 1
+    expl = explained(err)
+    assert (expl.signature_id, expl.line) == ("invalid-argument", "error: invalid argument: --bogus")
+
+
+@pytest.mark.slow
+def test_real_openvino_build_refusing_a_gpu(openvino_bin: Path, bundled_model: Path, clean_env: dict[str, str]) -> None:
+    env = {**clean_env, "GGML_OPENVINO_DEVICE": "GPU", "GGML_NO_BACKTRACE": "1"}
+    code, err = _stderr([str(openvino_bin / "llama-completion"), "-m", str(bundled_model), "-p", "hi"], env)
+    assert code == -6  # SIGABRT
+    expl = explained(err)
+    assert expl.kind == "not_memory" and "refused GGML_OPENVINO_DEVICE=GPU" in expl.what
+    assert remedy(expl, "device").env == {"GGML_OPENVINO_DEVICE": "CPU"}
+
+
+@pytest.mark.slow
+def test_the_command_line_end_to_end(clean_env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "safe_llama", "explain", str(LOGS / "openvino-seed.log"), "--json"],
+        env=clean_env,
+        capture_output=True,
+        timeout=60,
+    )
+    data = json.loads(done.stdout)
+    assert data["status"] == "explained" and done.returncode == 0
+
+
+def test_the_command_line_exit_code_when_nothing_failed(clean_env: dict[str, str]) -> None:
+    from safe_llama.entry import main
+
+    assert main(["explain", str(LOGS / "completion-ready.log")]) == 1
+
+
+def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(
+    tmp_path: Path, clean_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """explain reads the log and the model's GGUF header only: no subprocess (llama.cpp --list-devices), no
+    OpenCL or sysfs probe. Each planned remedy states its own size, under the `ulimit -v` the log quotes."""
+    import os as os_module
+
+    from safe_llama.device import devices, probe_opencl, probe_sysfs, proc
+
+    def probed(*_: object, **__: object) -> None:
+        raise AssertionError("explain probed this machine")
+
+    monkeypatch.setattr(subprocess, "Popen", probed)
+    monkeypatch.setattr(os_module, "posix_spawn", probed)
+    for module, name in (
+        (proc, "run_capture"), (devices, "probe_devices"), (probe_opencl, "probe_opencl_isolated"),
+        (probe_sysfs, "probe_sysfs"),
+    ):  # fmt: skip
+        monkeypatch.setattr(module, name, probed)
+    model = write_metadata_gguf(tmp_path / "llama-3b.gguf", "llama", LLAMA_3B)
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / "server-kv-oom.log"), model=str(model), json_out=True, env=clean_env, out=out)
+    data = json.loads(out.getvalue())
+    assert code == 0 and data["basis"] == "plan"
+    ctx = next(r for r in data["remedies"] if r["step"] == "ctx")
+    cells = int(ctx["argv_changes"]["--ctx-size"])
+    assert 0 < cells < 2000128
+    # "... 2.85 GiB at -c 23552 is within its 2.85 GiB usable (2.86 GiB declared: ulimit -v 3000000 ..., less ...)"
+    assert f"at -c {cells} is within its " in ctx["detail"]
+    assert "ulimit -v 3000000" in ctx["detail"] and "215.97 GiB" not in ctx["detail"]
+    size = ctx["detail"].split(" GiB at -c")[0].rsplit(" ", 1)[1]
+    assert float(size) * 2**30 <= 3000000 * 1024
+
+
+def test_a_remedys_size_is_its_own_and_under_the_logs_limit(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """The seed with its model: -c 37376's KV is stated (3.99 GiB), not the 7.00 GiB that failed, and it is
+    under the 4.00 GiB the log names."""
+    model = write_metadata_gguf(tmp_path / "llama-3b.gguf", "llama", LLAMA_3B)
+    out = io.StringIO()
+    run_explain(file=str(LOGS / "openvino-seed.log"), model=str(model), json_out=True, env=clean_env, out=out)
+    data = json.loads(out.getvalue())
+    steps = {r["step"]: r for r in data["remedies"]}
+    assert steps["ctx"]["detail"] == (
+        "KV cache (one allocation) 3.99 GiB at -c 37376 is within the GPU's 4.00 GiB limit per allocation "
+        "(learned, less a 4.00 MiB margin)"
+    )
+    assert data["limit_bytes"] - 4 * 2**20 > 114688 * 37376
+    assert steps["kv-q4"]["detail"].startswith("KV cache (one allocation) 1.97 GiB at -c 65536 is within")
+    assert "7.00 GiB" not in steps["ctx"]["detail"] + steps["kv-q4"]["detail"]

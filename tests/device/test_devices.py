@@ -1,0 +1,261 @@
+"""devices: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches,
+the device profiles in configs/devices/, and the `safe-llama devices` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from safe_llama.device.device_map import DeclaredLimits
+from safe_llama.device.devices import (
+    ProbeRoots,
+    load_profile,
+    load_profiles,
+    probe_devices,
+    probe_llama,
+    render_text,
+)
+from safe_llama.device.list_devices import MIB
+from safe_llama.entry import main
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from tests.device.test_probe_host import v2_tree
+from tests.device.test_probe_sysfs import igpu_and_dgpu
+
+GIB = 1 << 30
+UHD770_MAX_ALLOC = 4294959104
+
+
+@pytest.fixture
+def env(clean_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The real environment with a private cache and config, and no OpenVINO device chosen."""
+    env = {k: v for k, v in clean_env.items() if k not in ("GGML_OPENVINO_DEVICE", "XDG_CONFIG_HOME")}
+    return {**env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> ProbeRoots:
+    """The seed's machine as far as files go: an Intel iGPU and a dGPU; a service with MemoryMax=6G."""
+    sys_root, dev_root = igpu_and_dgpu(tmp_path / "machine")
+    proc, cgroup_root = v2_tree(tmp_path / "cgroup")
+    return ProbeRoots(sys_root=sys_root, dev_root=dev_root, proc_cgroup=proc, cgroup_root=cgroup_root)
+
+
+def test_packaged_profiles() -> None:
+    uhd = load_profile("intel-uhd-770")
+    assert (uhd.max_alloc_bytes, uhd.integrated, uhd.backend, uhd.vendor_id) == (
+        UHD770_MAX_ALLOC,
+        True,
+        "openvino",
+        0x8086,
+    )
+    assert uhd.memory_bytes is None  # an iGPU's memory is the host's
+    h200 = load_profile("nvidia-h200")
+    assert (h200.memory_bytes, h200.max_alloc_bytes, h200.backend) == (150109880320, None, "cuda")
+    assert 150109880320 // MIB == 143155  # what --list-devices printed on that machine
+    assert {p.key for p in load_profiles()} >= {"intel-uhd-770", "nvidia-h200"}
+
+
+def test_unknown_profile_lists_the_known_ones(env: dict[str, str]) -> None:
+    with pytest.raises(SafeLlamaError) as err:
+        load_profile("intel-uhd-7700", env)
+    assert err.value.status == ExitStatus.BAD_CONFIG
+    assert "intel-uhd-770" in err.value.message
+
+
+def test_a_user_profile_shadows_the_packaged_one(env: dict[str, str]) -> None:
+    mine = Path(env["XDG_CONFIG_HOME"]) / "safe-llama" / "devices" / "intel-uhd-770.toml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('backend = "sycl"\nmax_alloc_bytes = 1234\n')
+    assert load_profile("intel-uhd-770", env).max_alloc_bytes == 1234
+    broken = mine.with_name("broken.toml")
+    broken.write_text("max_alloc_bytes = \n")
+    with pytest.raises(SafeLlamaError) as err:
+        load_profile("broken", env)
+    assert err.value.status == ExitStatus.BAD_CONFIG
+
+
+@pytest.mark.slow
+def test_cpu_build_on_the_seed_machine(llama_bin: Path, env: dict[str, str], roots: ProbeRoots) -> None:
+    report = probe_devices(binary=llama_bin / "llama-server", env=env, roots=roots)
+    assert report.llama is not None and report.llama.version is not None
+    assert report.llama.version.version == "0.6.0-dev"
+    assert report.llama.listed.devices == ()
+    assert (report.target.backend, report.target.llama_name) == ("cpu", None)
+    assert [g.bdf for g in report.sysfs.gpus] == ["0000:00:02.0", "0000:03:00.0"]
+    budget = report.host
+    assert budget.cgroup_max is not None and budget.cgroup_max.value == 6 * GIB
+    # 6 GiB limit - (2 GiB used - 512 MiB reclaimable), unless this machine has even less available
+    assert budget.budget_bytes.value == min(6 * GIB - (2 * GIB - (512 << 20)), budget.available.value)
+    assert any(d.platform == "Portable Computing Language" for d in report.opencl.devices)
+
+
+@pytest.mark.slow
+def test_slow_probes_are_cached_and_invalidated(
+    llama_bin: Path, env: dict[str, str], roots: ProbeRoots, tmp_path: Path
+) -> None:
+    binary = tmp_path / "bin" / "llama-server"
+    binary.parent.mkdir()
+    shutil.copy2(llama_bin / "llama-server", binary)
+    first = probe_devices(binary=binary, env=env, roots=roots)
+    second = probe_devices(binary=binary, env=env, roots=roots)
+    assert first.llama is not None and second.llama is not None
+    assert (first.llama.cached, first.opencl_cached) == (False, False)
+    assert (second.llama.cached, second.opencl_cached) == (True, True)
+    assert second.llama.listed == first.llama.listed
+    assert second.opencl == first.opencl
+    cache = Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "probe"
+    for path in cache.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    os.utime(binary, ns=(1, 1))  # a rebuilt binary
+    third = probe_devices(binary=binary, env=env, roots=roots)
+    assert third.llama is not None and not third.llama.cached
+    assert third.opencl_cached
+    with_limit = probe_devices(binary=binary, env={**env, "POCL_MEMORY_LIMIT": "2"}, roots=roots)
+    assert not with_limit.opencl_cached  # pocl reads it: another OpenCL set-up
+    assert with_limit.llama is not None and not with_limit.llama.cached
+
+
+@pytest.mark.slow
+def test_a_corrupt_cache_is_a_miss(llama_bin: Path, env: dict[str, str], roots: ProbeRoots) -> None:
+    cache = Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "probe"
+    probe_llama(llama_bin / "llama-server", env=env, cache=cache)
+    for path in cache.iterdir():
+        path.write_text("{not json")
+    again = probe_llama(llama_bin / "llama-server", env=env, cache=cache)
+    assert not again.cached
+    assert probe_llama(llama_bin / "llama-server", env=env, cache=cache).cached
+
+
+@pytest.mark.slow
+def test_openvino_build(openvino_bin: Path, env: dict[str, str]) -> None:
+    report = probe_devices(binary=openvino_bin / "llama-server", env=env)
+    assert report.llama is not None
+    (device,) = report.llama.listed.devices
+    assert (device.name, device.openvino_device, device.selected) == ("OPENVINO0", "CPU", True)
+    target = report.target
+    assert (target.llama_name, target.backend, target.backend_device) == ("OPENVINO0", "openvino", "CPU")
+    assert not target.limits_alloc  # OpenVINO on the CPU: SIZE_MAX
+    assert target.on_host
+    assert target.memory_bytes is not None and target.memory_bytes.value == device.total_bytes
+    assert target.shares_host_memory
+    assert target.opencl is None  # pocl is an OpenCL CPU device, not what OpenVINO's CPU plugin uses
+
+
+@pytest.mark.slow
+def test_openvino_refuses_a_gpu_it_does_not_have(openvino_bin: Path, env: dict[str, str]) -> None:
+    report = probe_devices(binary=openvino_bin / "llama-server", env={**env, "GGML_OPENVINO_DEVICE": "GPU"})
+    assert report.llama is not None
+    assert report.llama.listed.openvino_available[0][0] == "CPU"
+    target = report.target
+    assert (target.backend, target.backend_device, target.requested_by) == (
+        "openvino",
+        "GPU",
+        "GGML_OPENVINO_DEVICE",
+    )
+    assert any("refused GGML_OPENVINO_DEVICE=GPU" in w for w in target.warnings)
+    assert target.limits_alloc and target.max_alloc_bytes is None
+
+
+@pytest.mark.slow
+def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str]) -> None:
+    report = probe_devices(
+        binary=openvino_bin / "llama-server",
+        args=["--device", "OPENVINO0"],
+        env=env,
+        declared=DeclaredLimits(profile="intel-uhd-770", memory_bytes=8 * GIB, host_memory_bytes=16 * GIB),
+    )
+    target = report.target
+    assert target.max_alloc_bytes is not None and target.memory_bytes is not None
+    assert (target.max_alloc_bytes.value, target.max_alloc_bytes.source) == (UHD770_MAX_ALLOC, "profile")
+    assert (target.memory_bytes.value, target.memory_bytes.source) == (8 * GIB, "declared")
+    assert (report.host.budget_bytes.value, report.host.budget_bytes.source) == (16 * GIB, "declared")
+    text = render_text(report)
+    assert "profile: " in text and "declared: --device-memory" in text
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for key in list(os.environ):
+        if key not in env:
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.slow
+def test_command_on_this_machine(
+    openvino_bin: Path,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Done when `safe-llama devices` shows pocl's limits, OPENVINO0 from the OpenVINO build, the budget."""
+    use_env(monkeypatch, env)
+    code, out, _ = run_cli(["devices", "--llama-bin", str(openvino_bin)], capsys)
+    assert code == 0
+    assert "Target: OPENVINO0 (openvino CPU)" in out
+    assert "OPENVINO0  GGML_OPENVINO_DEVICE=CPU (selected)" in out
+    assert "Portable Computing Language" in out and "max alloc" in out
+    assert "Host budget:" in out
+    code, out, _ = run_cli(["devices", "--llama-bin", str(openvino_bin), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["target"]["llama_name"] == "OPENVINO0"
+    assert data["host"]["budget_bytes"]["source"] == "probed"
+    assert data["llama"]["cached"] is True
+    pocl = next(d for d in data["opencl"]["devices"] if d["platform"] == "Portable Computing Language")
+    assert pocl["max_mem_alloc_size"] > 0
+
+
+@pytest.mark.slow
+def test_command_with_declared_limits(
+    llama_bin: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_env(monkeypatch, env)
+    argv = ["devices", "--llama-bin", str(llama_bin), "--json", "--profile", "intel-uhd-770"]
+    code, out, _ = run_cli([*argv, "--max-alloc", "2G", "--discrete"], capsys)
+    assert code == 0
+    target = json.loads(out)["target"]
+    assert target["max_alloc_bytes"] == {"value": 2 * GIB, "source": "declared", "detail": "--max-alloc"}
+    assert target["integrated"]["value"] is False
+
+
+def test_command_rejects_a_bad_size(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_env(monkeypatch, env)
+    code, _, err = run_cli(["devices", "--max-alloc", "lots"], capsys)
+    assert code == ExitStatus.USAGE
+    assert "--max-alloc" in err
+
+
+def test_command_names_a_missing_binary(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_env(monkeypatch, env)
+    code, _, err = run_cli(["devices", "--llama-bin", "/nonexistent/llama-server"], capsys)
+    assert code == ExitStatus.NOT_FOUND
+    assert "/nonexistent/llama-server" in err
+
+
+@pytest.mark.slow
+def test_no_binary_anywhere_still_reports(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_env(monkeypatch, {**env, "PATH": "", "SAFE_LLAMA_PREFIX": env["XDG_CACHE_HOME"] + "/no-install"})
+    code, out, _ = run_cli(["devices", "--json", "--openvino-device", "GPU"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["llama"] is None
+    assert "not found" in data["llama_note"]
+    assert (data["target"]["backend"], data["target"]["backend_device"]) == ("openvino", "GPU")
