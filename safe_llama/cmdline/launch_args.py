@@ -87,7 +87,7 @@ def split(argv: Sequence[str]) -> LaunchRequest | None:
 
 
 # The config file's tables and the [launcher] keys' TOML types (a size may be a number of bytes or "4G").
-TABLES = ("launcher", "planner")
+TABLES = ("launcher", "planner", "backends")
 NUMBERS = ("min_ctx", "attempts")
 FLAGS = ("predict", "remember", "integrated", "discrete")
 SIZES = ("max_alloc", "device_memory", "host_memory")

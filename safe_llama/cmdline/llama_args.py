@@ -22,8 +22,6 @@ from safe_llama.paths import configs_dir
 TOOL_EXAMPLE = {"cli": "cli", "server": "server", "completion": "completion"}
 
 # Options whose values are secrets: never printed, logged or stored.
-SECRET_OPTIONS = frozenset({"--api-key", "--api-key-file", "--ssl-key-file", "--hf-token"})
-SECRET_ENV = frozenset({"LLAMA_API_KEY", "HF_TOKEN", "LLAMA_ARG_HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 REDACTED = "<redacted>"
 # Options llama.cpp answers without loading a model (canonical keys).
 NO_MODEL_OPTIONS = ("--help", "--version", "--list-devices", "--completion-bash", "--cache-list")
@@ -330,14 +328,40 @@ def rewrite(cmd: CommandLine, changes: Mapping[str, str | bool], table: ArgTable
     return out
 
 
+class Secrets(NamedTuple):
+    options: frozenset[str]  # every spelling of a secret option
+    env: frozenset[str]
+    env_fragments: tuple[str, ...]
+
+
+@cache
+def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
+    """configs/secrets.toml, each option widened to all its names in the option table."""
+    import tomllib
+
+    raw = tomllib.loads((path or configs_dir() / "secrets.toml").read_text())
+    named = {_normalise(str(o)) for o in raw["options"]}
+    table = arg_table(tool)
+    options = set(named)
+    for spec in table.specs:
+        if named & set(spec.names):
+            options |= set(spec.names)
+    return Secrets(frozenset(options), frozenset(map(str, raw["env"])), tuple(map(str, raw["env_fragments"])))
+
+
 def redact_argv(argv: Sequence[str], tool: str = "server") -> list[str]:
-    """argv safe to print: the value of every secret option replaced."""
+    """argv safe to print: the value of every secret option replaced (--opt VALUE and --opt=VALUE)."""
+    hidden = secrets(tool).options
     out = list(argv)
-    for i, arg in enumerate(out[:-1]):
-        if _normalise(arg) in SECRET_OPTIONS or arg == "-hft":
+    for i, arg in enumerate(out):
+        name, eq, _ = _normalise(arg).partition("=")
+        if name in hidden and eq:
+            out[i] = f"{arg.partition('=')[0]}={REDACTED}"
+        elif _normalise(arg) in hidden and i + 1 < len(out):
             out[i + 1] = REDACTED
     return out
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if k in SECRET_ENV or "TOKEN" in k or "API_KEY" in k else v) for k, v in env.items()}
+    found = secrets()
+    return {k: (REDACTED if k in found.env or any(f in k for f in found.env_fragments) else v) for k, v in env.items()}

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from safe_llama.device.backends import BackendRule, backend_rules
 from safe_llama.device.list_devices import DeviceRequest, ListedDevices, LlamaDevice, backend_of
 from safe_llama.device.probe_host import HostMemory
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
@@ -75,44 +76,6 @@ class DeviceProfile:
     integrated: bool | None
     max_alloc_bytes: int | None
     memory_bytes: int | None
-
-
-@dataclass(frozen=True)
-class BackendRule:
-    """How a backend meets a device's limits (from the pinned ggml source, ggml_backend_*_get_max_size)."""
-
-    vendor_ids: tuple[int, ...]  # PCI vendors its devices come from (empty: any)
-    alloc_limit: Literal["opencl", "none", "unprobed"]
-    why: str
-
-
-# Keyed by backend, or "openvino:<device kind>" since OpenVINO's limit depends on the device it drives.
-BACKEND_RULES: dict[str, BackendRule] = {
-    "cpu": BackendRule((), "none", "ggml's CPU buffers have no per-allocation cap"),
-    "openvino:CPU": BackendRule((), "none", "OpenVINO on the CPU allocates from host RAM with no cap"),
-    "openvino:NPU": BackendRule((), "none", "OpenVINO on an NPU has no per-allocation cap (SIZE_MAX)"),
-    "openvino:GPU": BackendRule(
-        (INTEL,), "opencl", "OpenVINO on a GPU splits buffers at the device's CL_DEVICE_MAX_MEM_ALLOC_SIZE"
-    ),
-    "opencl": BackendRule((), "opencl", "the OpenCL backend obeys CL_DEVICE_MAX_MEM_ALLOC_SIZE"),
-    "sycl": BackendRule(
-        (),
-        "opencl",
-        "SYCL caps one allocation at the device's max allocation (the OpenCL figure of the "
-        "same GPU on Intel's runtime)",
-    ),
-    "cuda": BackendRule(
-        (0x10DE,),
-        "none",
-        "ggml's CUDA buffers have no per-allocation cap; the OpenCL driver's figure does not apply",
-    ),
-    "hip": BackendRule((0x1002,), "none", "ggml's ROCm (HIP) buffers have no per-allocation cap"),
-    "musa": BackendRule((0x1ED5,), "none", "ggml's MUSA buffers have no per-allocation cap"),
-    "vulkan": BackendRule(
-        (), "unprobed", "Vulkan splits at min(1 GiB, maxMemoryAllocationSize), which this probe does not read"
-    ),
-    "metal": BackendRule((), "unprobed", "Metal's maxBufferLength is not probed"),
-}
 
 
 @dataclass(frozen=True)
@@ -405,11 +368,11 @@ def _choose_llama_device(
     return _Choice(None, None, "unknown", None, "unknown", "default", **said)
 
 
-def _rule_for(backend: str, backend_device: str | None) -> BackendRule | None:
+def _rule_for(rules: Mapping[str, BackendRule], backend: str, backend_device: str | None) -> BackendRule | None:
     if backend == "openvino":
         kind = re.match(r"[A-Z]+", backend_device or "CPU")
-        return BACKEND_RULES.get(f"openvino:{kind.group(0) if kind else 'CPU'}")
-    return BACKEND_RULES.get(backend)
+        return rules.get(f"openvino:{kind.group(0) if kind else 'CPU'}")
+    return rules.get(backend)
 
 
 def _match_opencl(
@@ -618,11 +581,15 @@ def resolve_target(
     profile: DeviceProfile | None = None,
     profiles: Sequence[DeviceProfile] = (),
     env: Mapping[str, str] = os.environ,
+    rules: Mapping[str, BackendRule] | None = None,
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
-    matched by device name. Pure: every fact comes in as a value."""
+    matched by device name. Pure: every fact comes in as a value (`rules`: configs/backends.toml as
+    `devices.backend_rules` reads it; None reads the packaged file)."""
+    if rules is None:
+        rules = backend_rules({})
     choice = _choose_llama_device(request, listed, profile)
-    rule = _rule_for(choice.backend, choice.backend_device)
+    rule = _rule_for(rules, choice.backend, choice.backend_device)
     notes = list(choice.notes)
     warnings = list(choice.warnings)
     cl_device, how = _match_opencl(choice, rule, opencl, env)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
+from safe_llama.device.backends import backend_rules
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.device_map import (
     NOTHING_DECLARED,
@@ -296,6 +297,7 @@ def probe_devices(
         profile=profile,
         profiles=load_profiles(env) if profile is None else (),
         env=env,
+        rules=backend_rules(env),
     )
     return DeviceReport(
         target=target,

@@ -10,12 +10,14 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 from safe_llama.device.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, block_size, buffers, plan_kv
-from safe_llama.plan.policy import Policy
+from safe_llama.paths import configs_dir
+from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
 from safe_llama.units import human
 
 MIB = 1024 * 1024
@@ -45,6 +47,7 @@ class Target:
     # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
     # mapped file) for the layers it runs (policy: cpu_repack_types)
     cpu_repack_types: frozenset[str] = frozenset()
+    compute_costs: ComputeCosts | None = None  # [compute] of the policy in use (None: the packaged file's)
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -178,13 +181,18 @@ def kv_splits(target: Target, policy: Policy) -> bool:
 
 
 def compute_estimate(
-    facts: ModelFacts, kv: KvPlan, req: KvRequest | None = None, *, kv_f16_copies: bool = False
+    facts: ModelFacts,
+    kv: KvPlan,
+    req: KvRequest | None = None,
+    *,
+    kv_f16_copies: bool = False,
+    costs: ComputeCosts | None = None,
 ) -> int:
     """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
     `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
 
-    - activations of one ubatch: n_ubatch x (8 n_embd + 4 n_ff) f32 (an upper bound; measured on the bundled
-      gemma-3-270m at about a third of it);
+    - activations of one ubatch: n_ubatch x (a n_embd + b n_ff) bytes, a and b from [compute] in
+      configs/planner.toml (`costs`; None: the packaged file's);
     - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
       llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
       one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
@@ -195,11 +203,12 @@ def compute_estimate(
       for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
       of 256, beside the 2 x 512-byte mask row).
     """
+    costs = costs or packaged_compute_costs()
     ctx = kv.context
     n_embd = facts.embedding_length
     n_ff = max(facts.feed_forward_length, n_embd)
     n_head = max(facts.head_count, default=1)
-    per_token = (8 * n_embd + 4 * n_ff) * 4
+    per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
     n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
     mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
     tool = req.tool if req is not None else "server"
@@ -214,11 +223,22 @@ def compute_estimate(
     return ctx.n_ubatch * per_token + mask + logits + copies
 
 
-def host_compute_estimate(kv: KvPlan) -> int:
+def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:
     """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
-    attention, f32 without) and 48 MiB of other inputs."""
+    attention, f32 without) and the other inputs ([compute] host_inputs_bytes)."""
+    costs = costs or packaged_compute_costs()
     n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
-    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + (48 << 20)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + costs.host_inputs_bytes
+
+
+def packaged_compute_costs() -> ComputeCosts:
+    """[compute] of the packaged configs/planner.toml, for a target made without a policy (tests, tools)."""
+    return _packaged_policy().compute
+
+
+@cache
+def _packaged_policy() -> Policy:
+    return load_policy(configs_dir() / "planner.toml")
 
 
 def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
@@ -354,12 +374,14 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
         for place in devices:
             add("host", "kv", out.get(place, {}).get("kv", 0))
-    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies) + target.compute_extra
+    costs = target.compute_costs
+    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, costs=costs)
+    compute += target.compute_extra
     add(main, "compute", compute)
     if main != "host" and not target.integrated:
         # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
         # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add("host", "compute", host_compute_estimate(kv))
+        add("host", "compute", host_compute_estimate(kv, costs))
     if layout.mmproj_bytes:
         add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
@@ -371,7 +393,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         for place, items in part.items():
             for item, size in items.items():
                 add(place, f"draft_{item}", size)
-        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv))
+        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
     if layout.prompt_cache_mib:
         limit = kv.total_bytes if layout.prompt_cache_mib < 0 else min(layout.prompt_cache_mib * MIB, kv.total_bytes)
         add("host", "prompt_cache", limit)

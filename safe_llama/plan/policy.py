@@ -17,6 +17,15 @@ STEPS = ("stateful", "kv-q8", "kv-q4", "ctx", "ngl")
 
 
 @dataclass(frozen=True)
+class ComputeCosts:
+    """[compute]: the compute-buffer estimate's calibration (planner.compute_estimate)."""
+
+    activation_bytes_per_embd: int
+    activation_bytes_per_ff: int
+    host_inputs_bytes: int
+
+
+@dataclass(frozen=True)
 class Policy:
     ctx_floor: int
     skip_llama_fit: bool
@@ -31,7 +40,8 @@ class Policy:
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
     openvino_q8: bool
-    kv_f16_copy_backends: tuple[str, ...] = ()  # [compute] kv_f16_copies
+    kv_f16_copy_backends: tuple[str, ...]  # [compute] kv_f16_copies
+    compute: ComputeCosts
     process_per_vocab_token: int = 0
     process_per_cell: int = 0
     cpu_repack_types: frozenset[str] = frozenset()
@@ -128,7 +138,13 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),
         openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
-        kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t.get("kv_f16_copies", ())), {}),
+        kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t["kv_f16_copies"])),
+        compute=field(
+            "compute",
+            lambda t: ComputeCosts(
+                int(t["activation_bytes_per_embd"]), int(t["activation_bytes_per_ff"]), int(t["host_inputs_bytes"])
+            ),
+        ),
         process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
         process_per_cell=field("process_bytes_per_cell", int, 0),
         cpu_repack_types=field("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),

@@ -269,7 +269,8 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: b
     kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
     kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
     req = prepared.plan.settings.kv if prepared.plan is not None else prepared.request.kv
-    estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=prepared.target.kv_f16_copies)
+    target = prepared.target
+    estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
     return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped)
 
 

@@ -182,6 +182,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         target,
         kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,
         cpu_repack_types=policy.cpu_repack_types,
+        compute_costs=policy.compute,
     )
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None

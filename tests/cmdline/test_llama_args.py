@@ -95,3 +95,17 @@ def test_every_option_is_known_to_the_real_server(llama_bin: Path) -> None:
 
     missing = [s.names[0] for s in arg_table("server").specs if not any(n in help_text for n in s.names)]
     assert missing == []
+
+
+def test_secrets_come_from_configs_with_every_alias() -> None:
+    """configs/secrets.toml names --hf-token; its alias -hft (from the option table) is hidden too, and the
+    --opt=VALUE spelling as well as --opt VALUE."""
+    from safe_llama.cmdline.llama_args import REDACTED, redact_argv, redact_env, secrets
+
+    assert {"--api-key", "--hf-token", "-hft"} <= secrets().options
+    argv = ["-m", "m.gguf", "-hft", "hf_abc", "--api-key=sk-1", "--api_key", "sk-2", "-c", "4096"]
+    shown = redact_argv(argv)
+    assert shown == ["-m", "m.gguf", "-hft", REDACTED, f"--api-key={REDACTED}", "--api_key", REDACTED, "-c", "4096"]
+    assert redact_env({"MY_SERVICE_TOKEN": "t", "HF_TOKEN": "h", "PATH": "/bin"}) == {
+        "MY_SERVICE_TOKEN": REDACTED, "HF_TOKEN": REDACTED, "PATH": "/bin"
+    }  # fmt: skip
