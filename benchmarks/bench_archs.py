@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_llama.model.facts import UNMODELLED  # noqa: E402
+from safe_llama.model.arch import UNMODELLED  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.arch_corpus import CONFIGS, clean_env, compare_all, generate_corpus  # noqa: E402
 

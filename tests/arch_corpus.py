@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from safe_llama.model.facts import ARCHITECTURES, UNMODELLED, load_model_facts
+from safe_llama.model.arch import ARCHITECTURES, UNMODELLED
+from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import KvRequest, mib_line, plan_kv
 from tests.llama_run import kv_lines, run_server_until_ready
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.model.facts import ARCHITECTURES, UNMODELLED
+from safe_llama.model.arch import ARCHITECTURES, UNMODELLED
 from tests.arch_corpus import CONFIGS, architecture_of, clean_env, compare_all, generate_corpus
 
 

@@ -12,11 +12,10 @@ import pytest
 from safe_llama.model.facts import (
     LayerKV,
     ModelFacts,
-    facts_from_json,
-    facts_to_json,
     load_model_facts,
     model_facts,
 )
+from safe_llama.model.facts_cache import facts_from_json, facts_to_json
 from safe_llama.model.gguf_header import GGUFError, GGUFHeader, MetadataValue, SkippedArray, TensorInfo
 
 
