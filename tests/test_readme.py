@@ -47,3 +47,10 @@ def test_exit_codes_table() -> None:
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
     documented = {int(code) for row in rows for code in re.findall(r"\d+", row)}
     assert {int(s) for s in ExitStatus} - documented == set()
+
+
+def test_every_planner_key_is_listed() -> None:
+    start = README.index("`[planner]` accepts every key")
+    listing = README[start : README.index("with the meaning the comments there give", start)]
+    keys = tomllib.loads((ROOT / "configs" / "planner.toml").read_text())
+    assert [key for key in keys if f"`{key}`" not in listing] == []

@@ -149,6 +149,15 @@ class CommandLine(NamedTuple):
     unknown: tuple[str, ...] = ()  # options llama.cpp will reject; passed through untouched
     env_overridden: tuple[str, ...] = ()  # env twins a flag on argv beats
     usage_errors: tuple[str, ...] = ()  # what makes llama.cpp's parser print usage and exit 1
+    # argv positions of the words llama.cpp rejects: unknown ones, and an option short of its values with
+    # the word after it
+    rejected_at: tuple[int, ...] = ()
+
+    @property
+    def known_argv(self) -> tuple[str, ...]:
+        """argv without the words llama.cpp would reject: its options, each with its values."""
+        dropped = set(self.rejected_at)
+        return tuple(word for i, word in enumerate(self.argv) if i not in dropped)
 
     @property
     def loads_no_model(self) -> bool:
@@ -197,6 +206,7 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
             if problem:
                 errors.append(f"{found[1]}: {problem}")
     unknown: list[str] = []
+    rejected_at: list[int] = []
     overridden: list[str] = []
     i = 0
     while i < len(argv):
@@ -204,6 +214,7 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
         entry = table.by_name.get(name)
         if entry is None:
             unknown.append(argv[i])
+            rejected_at.append(i)
             errors.append(f"invalid argument: {argv[i]}")
             i += 1
             continue
@@ -217,6 +228,7 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
         elif spec.kind == "value":
             if i + 1 >= len(argv):
                 unknown.append(argv[i])
+                rejected_at.extend(range(i, len(argv)))
                 errors.append(f"{argv[i]}: expected a value")
                 break
             value = argv[i + 1]
@@ -227,13 +239,16 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
         else:
             if i + 2 >= len(argv):
                 unknown.append(argv[i])
+                rejected_at.extend(range(i, len(argv)))
                 errors.append(f"{argv[i]}: expected two values")
                 break
             value = (argv[i + 1], argv[i + 2])
             step = 3
         settings[spec.key] = Setting(spec.key, value, "argv", i)
         i += step
-    return CommandLine(tool, tuple(argv), settings, tuple(unknown), tuple(overridden), tuple(errors))
+    return CommandLine(
+        tool, tuple(argv), settings, tuple(unknown), tuple(overridden), tuple(errors), tuple(rejected_at)
+    )
 
 
 def read_gpu_layers(value: str) -> int:

@@ -506,7 +506,7 @@ def _directory(role: str, path: Path, variable: str, env: Mapping[str, str], uid
 
 
 def _config_problems(env: Mapping[str, str]) -> tuple[tuple[str, ...], Policy | None]:
-    from safe_llama.commands.explain import load_words
+    from safe_llama.plan.words import load_words
 
     problems: list[str] = []
     policy = None

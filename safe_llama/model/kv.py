@@ -134,6 +134,13 @@ def resolve_slots(req: KvRequest) -> tuple[int, bool]:
     return n_seq, bool(req.kv_unified)
 
 
+def ctx_unit(req: KvRequest) -> int:
+    """The step between the contexts llama.cpp makes of a request: PAD cells, times the slots when each
+    slot has a stream of its own (the context is split between them, and each share padded)."""
+    n_seq_max, unified = resolve_slots(req)
+    return PAD * (1 if unified else n_seq_max)
+
+
 def resolve_context(req: KvRequest, n_ctx_train: int) -> Context:
     n_seq_max, unified = resolve_slots(req)
     n_stream = 1 if unified else n_seq_max

@@ -15,7 +15,7 @@ from functools import cache
 from safe_llama.device.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
-from safe_llama.model.kv import KvPlan, KvRequest, block_size, buffers, plan_kv
+from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, buffers, ctx_unit, plan_kv
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
 from safe_llama.units import human
@@ -548,9 +548,8 @@ def _asked_ctx(kv: KvRequest, facts: ModelFacts) -> int:
 def largest_ctx(
     facts: ModelFacts, settings: Settings, target: Target, policy: Policy, floor: int, ceiling: int
 ) -> int | None:
-    """The largest -c in [floor, ceiling] that fits, exactly, on llama.cpp's 256-cell grid."""
-    probe = plan_kv(facts, replace(settings.kv, n_ctx=ceiling)).context
-    unit = 256 * (1 if probe.unified else probe.n_seq_max)
+    """The largest -c in [floor, ceiling] that fits, exactly, on llama.cpp's grid of PAD cells (per stream)."""
+    unit = ctx_unit(settings.kv)
     lo = max(1, -(-floor // unit))
     hi = ceiling // unit
     if hi < lo:
@@ -734,7 +733,7 @@ def plan(
         if type_name != "f16" and not _kv_quant_ok(facts, type_name):
             continue
         trial = replace(settings, kv=replace(settings.kv, type_k=type_name, type_v=type_name))
-        ctx_by_type[type_name] = largest_ctx(facts, trial, target, policy, 256, max(asked_ctx, 256)) or 0
+        ctx_by_type[type_name] = largest_ctx(facts, trial, target, policy, PAD, max(asked_ctx, PAD)) or 0
     return Plan(
         settings=settings,
         kv=plan_kv(facts, settings.kv),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ class Policy:
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
     openvino_q8: bool
+    failed_alloc_share: Fraction  # explain: a remedy's share of the failed allocation when no limit is known
     kv_f16_copy_backends: tuple[str, ...]  # [compute] kv_f16_copies
     compute: ComputeCosts
     process_per_vocab_token: int = 0
@@ -68,6 +70,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+
+
+def _share(value: Any) -> Fraction:
+    """A share strictly between 0 and 1, exact as written (0.75 is 3/4)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("a number between 0 and 1")
+    share = Fraction(str(value))
+    if not 0 < share < 1:
+        raise ValueError(f"{value} is not between 0 and 1")
+    return share
 
 
 def load_policy(path: Path, user_config: Path | None = None) -> Policy:
@@ -138,6 +150,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),
         openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
+        failed_alloc_share=field("failed_alloc_share", _share),
         kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t["kv_f16_copies"])),
         compute=field(
             "compute",

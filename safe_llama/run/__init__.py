@@ -1,5 +1,6 @@
 """Running llama.cpp: preparing a launch (model facts + probes + plan), spawning the real binary, relaying
-the terminal or pipes, readiness and sd_notify, signals, recognising start-up failures (signatures),
-retrying with what the failure named, and remembering what worked.
+the terminal or pipes, readiness and sd_notify, signals, recognising start-up failures (signatures) and
+reading a failed start's whole log (log_reading), retrying with what the failure named, and remembering
+what worked.
 
 Owns the life of one launch. Must not know about typer or the admin commands."""

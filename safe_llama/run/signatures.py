@@ -30,6 +30,8 @@ GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"}
 Stage = Literal["kv", "compute", "weights", "output", "thread"]
 STAGES: tuple[str, ...] = get_args(Stage)
 MIB = 1024 * 1024
+# A longer line is matched on its first MAX_LINE characters, so memory stays bounded.
+MAX_LINE = 16384
 
 # llama.cpp's log prefix: an optional `M.SS.mmm.uuu ` timestamp, then the level letter. On a terminal a
 # timestamped line can follow llama-cli's spinner on the same line, so that prefix is looked for anywhere.
@@ -219,7 +221,7 @@ class Scanner:
     characters is matched on its first max_line characters, so memory stays bounded.
     """
 
-    def __init__(self, table: SignatureTable, *, max_line: int = 16384) -> None:
+    def __init__(self, table: SignatureTable, *, max_line: int = MAX_LINE) -> None:
         self._table = table
         self._max_line = max_line
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -39,6 +39,20 @@ def test_tool_specific_options() -> None:
     assert parse("completion", ["-p", "hi"], {}).unknown == ()
 
 
+@pytest.mark.parametrize(
+    ("tool", "argv", "known"),
+    [
+        pytest.param("server", ["-p", "hi", "-c", "512"], ["-c", "512"], id="not-this-tools-option"),
+        pytest.param("server", ["--ctx-size=512", "-m", "x"], ["-m", "x"], id="no-equals-form"),
+        pytest.param("completion", ["-m", "x", "-c"], ["-m", "x"], id="short-of-its-value"),
+        pytest.param("server", ["--control-vector-layer-range", "1"], [], id="short-of-its-second-value"),
+        pytest.param("server", ["-ot", "a=CPU", "-ot", "b=CPU"], ["-ot", "a=CPU", "-ot", "b=CPU"], id="repeated"),
+    ],
+)
+def test_known_argv_is_what_llama_cpp_reads(tool: str, argv: list[str], known: list[str]) -> None:
+    assert list(parse(tool, argv, {}).known_argv) == known
+
+
 def test_rewrite_in_place_and_append() -> None:
     cmd = parse("server", ["-m", "m.gguf", "-c", "65536", "--port", "8080"], {})
     out = rewrite(cmd, {"--ctx-size": "37376", "--cache-type-k": "q8_0"})

@@ -1,4 +1,5 @@
-"""Tests for safe_llama/commands/explain.py: reading logs, the plain words, the remedies, the command.
+"""Tests for safe_llama/commands/explain.py: the explanation of a read log (the failure in words, the remedies
+chosen), its rendering, and the command.
 
 Logs come from tests/fixtures/logs/ (real output of the pinned llama.cpp, CPU and OpenVINO builds, and the
 seed report's text); the slow tests make fresh ones with the real binaries and explain them.
@@ -16,21 +17,13 @@ from pathlib import Path
 import pytest
 
 from safe_llama.commands import explain
-from safe_llama.commands.explain import (
-    Explanation,
-    failed_run,
-    load_words,
-    parse_command,
-    read_log,
-    ready_command,
-    render_text,
-    run_explain,
-    stage_of,
-    to_json,
-)
+from safe_llama.commands.explain import Explanation, render_text, run_explain, stage_of, to_json
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import load_policy
+from safe_llama.plan.remedies import Remedy
+from safe_llama.plan.words import load_words
+from safe_llama.run.log_reading import failed_run, read_log
 from safe_llama.run.signatures import load_table
 from tests import FIXTURES
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
@@ -39,7 +32,6 @@ LOGS = FIXTURES / "logs"
 TABLE = load_table()
 WORDS = load_words(configs_dir() / "explain.toml")
 POLICY = load_policy(configs_dir() / "planner.toml")
-BUNDLED = "/root/.cache/safe-llama/models/gemma-3-270m-q4_k_m.gguf"
 SEED_MODEL = "/home/lucasso/models/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
 
 # The error text of the seed report (seed/000_af8630c3d7ac02a3.txt, "报错原文"), as a user would paste it:
@@ -58,146 +50,8 @@ def log(name: str) -> str:
     return (LOGS / name).read_text()
 
 
-def remedy(expl: Explanation, step: str) -> explain.Remedy:
+def remedy(expl: Explanation, step: str) -> Remedy:
     return next(r for r in expl.remedies if r.step == step)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Reading logs
-# ---------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "tool", "model", "n_ctx", "backend", "signature"),
-    [
-        pytest.param(
-            "openvino-seed.log", "completion", SEED_MODEL, None, "openvino", "openvino-max-alloc-size", id="seed"
-        ),
-        pytest.param("server-kv-oom.log", "server", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="server-oom"),
-        pytest.param(
-            "server-kv-oom-lv4.log", "server", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="server-oom-lv4"
-        ),
-        pytest.param("cli-kv-oom.log", "cli", BUNDLED, None, "cpu", "cpu-aligned-malloc", id="cli-oom"),
-        pytest.param("cli-kv-oom.pty.log", "cli", BUNDLED, None, "cpu", "cpu-aligned-malloc", id="cli-oom-pty"),
-        pytest.param(
-            "completion-kv-oom.log", "completion", BUNDLED, 2000128, "cpu", "cpu-aligned-malloc", id="completion-oom"
-        ),
-        pytest.param(
-            "openvino-cpu-kv-oom.log", "completion", None, 2000128, "openvino", "cpu-aligned-malloc",
-            id="openvino-cpu-oom",
-        ),
-        pytest.param("server-bad-magic.log", "server", "badmagic.gguf", None, None, "gguf-invalid", id="bad-magic"),
-        pytest.param(
-            "server-truncated-data.log", "server", "trunc100m.gguf", None, None, "model-corrupt", id="truncated"
-        ),
-        pytest.param("server-bad-argument.log", "server", None, None, None, "invalid-argument", id="bad-argument"),
-        pytest.param(
-            "cuda-oom-fitoff.log", "server", "/tmp/bigkv.gguf", 2000128, "cuda", "cuda-malloc", id="cuda-oom"
-        ),
-    ],
-)  # fmt: skip
-def test_read_log_finds_the_failure_and_its_facts(
-    name: str, tool: str, model: str | None, n_ctx: int | None, backend: str | None, signature: str
-) -> None:
-    reading = read_log(log(name), TABLE)
-    assert reading.failure is not None and reading.failure.signature_id == signature
-    assert (reading.facts.tool, reading.facts.model_path, reading.facts.n_ctx, reading.facts.backend) == (
-        tool,
-        model,
-        n_ctx,
-        backend,
-    )
-
-
-def test_read_log_verbosity_4_gives_slots_and_the_llama_context_line() -> None:
-    facts = read_log(log("server-kv-oom-lv4.log"), TABLE).facts
-    assert facts.n_seq_max == 4
-    assert "llama_context: n_ctx" in facts.n_ctx_from
-
-
-def test_a_header_comment_is_read_for_its_command_line_only() -> None:
-    text = "# note: failed to allocate buffer for kv cache; ran: llama-server -m m.gguf -c 8192\nall good\n"
-    reading = read_log(text, TABLE)
-    assert reading.failure is None
-    assert reading.facts.command_args == ("-m", "m.gguf", "-c", "8192")
-    assert reading.facts.annotation_lines == 1
-
-
-def test_a_ready_log_has_no_failure() -> None:
-    reading = read_log(log("completion-ready.log"), TABLE)
-    assert reading.failure is None and reading.facts.started and not reading.error_lines
-
-
-def test_openvino_refusing_its_device() -> None:
-    reading = read_log(log("openvino-device-refused.log"), TABLE)
-    assert reading.failure is None or not reading.failure.memory
-    assert reading.refused_device == "GPU"
-    assert [ov for ov, _ in reading.available_devices] == ["CPU"]
-
-
-COMMANDS = [
-    ("prompt", "$ llama-server -m m.gguf -c 4096 --port 8080", "server", "-m m.gguf -c 4096 --port 8080", {}),
-    (
-        "path-and-quotes",
-        "user@box:~$ ./build/bin/llama-completion -m 'my model.gguf' -c 65536 -p hi",
-        "completion",
-        "-m|my model.gguf|-c|65536|-p|hi",
-        {},
-    ),
-    ("env-words", "GGML_OPENVINO_DEVICE=GPU llama-cli -m x.gguf", "cli", "-m x.gguf", {"GGML_OPENVINO_DEVICE": "GPU"}),
-    (
-        "inside-bash-c",
-        "bash -c 'ulimit -v 3000000; llama-server -m MODEL -c 2000000 --port 0'; exit 1",
-        "server",
-        "-m MODEL -c 2000000 --port 0",
-        {},
-    ),
-    ("redirect", "llama-server -m x.gguf 2>&1 | tee log", "server", "-m x.gguf", {}),
-    ("drop-in-unknown-words", "safe-llama-server -c 512 --bogus word", "server", "-c 512", {}),
-]
-
-
-@pytest.mark.parametrize(("line", "tool", "args", "env"), [pytest.param(*c[1:], id=c[0]) for c in COMMANDS])
-def test_parse_command(line: str, tool: str, args: str, env: dict[str, str]) -> None:
-    words = tuple(args.split("|")) if "|" in args else tuple(args.split())
-    assert parse_command(line) == (tool, words, env)
-
-
-def test_a_log_line_is_not_a_command_line() -> None:
-    assert parse_command("srv  llama_server: exiting due to model loading error") is None
-
-
-def test_every_signature_has_plain_words() -> None:
-    missing = [sig.id for sig in TABLE.signatures if "what" not in WORDS.signatures.get(sig.id, {})]
-    assert missing == []
-
-
-# ---------------------------------------------------------------------------------------------------
-# The failed run: which values win
-# ---------------------------------------------------------------------------------------------------
-
-
-def test_explicit_arguments_beat_the_log_which_beats_its_comment() -> None:
-    facts = read_log(log("server-kv-oom.log"), TABLE).facts
-    from_log = failed_run(facts, args=(), model=None, tool=None)
-    assert from_log.model_path == BUNDLED  # the log's loader line, not the comment's placeholder MODEL
-    assert from_log.args[:2] == ("-m", BUNDLED) or "--model" in from_log.args
-    assert from_log.n_ctx == 2000128  # what llama.cpp used, not the comment's -c 2000000
-    given = failed_run(facts, args=("-c", "4096"), model="/x.gguf", tool="completion")
-    assert (given.tool, given.model_path, given.n_ctx, given.args) == (
-        "completion",
-        "/x.gguf",
-        4096,
-        ("-m", "/x.gguf", "-c", "4096"),
-    )
-
-
-def test_ready_command_quotes_and_redacts() -> None:
-    run = failed_run(
-        read_log("", TABLE).facts, args=("-m", "a b.gguf", "--api-key", "s3cret"), model=None, tool="server"
-    )
-    command = ready_command(run, {"--ctx-size": "512"}, {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"})
-    assert command == ("GGML_OPENVINO_STATEFUL_EXECUTION=1 llama-server -m 'a b.gguf' --api-key '<redacted>' -c 512")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -234,19 +88,6 @@ def test_seed_text_without_a_context_gives_the_proportion_honestly() -> None:
 def test_seed_text_with_the_context_given() -> None:
     expl = explained(SEED_TEXT, args=("-c", "65536"))
     assert remedy(expl, "ctx").argv_changes == {"--ctx-size": "37376"}
-
-
-@pytest.mark.parametrize(
-    ("budget", "requested", "cells", "expected"),
-    [
-        pytest.param(4294959104 - 4194304, 7516192768, 65536, 37376, id="seed"),
-        pytest.param(114688 * 37632, 7516192768, 65536, 37632, id="exactly-on-the-grid"),
-        pytest.param(114688 * 37632 - 1, 7516192768, 65536, 37376, id="one-byte-short"),
-        pytest.param(100, 7516192768, 65536, 0, id="nothing-fits"),
-    ],
-)
-def test_grid_context(budget: int, requested: int, cells: int, expected: int) -> None:
-    assert explain._grid(budget, requested, cells) == expected
 
 
 def test_a_host_allocation_failure_without_a_limit_takes_the_retry_step() -> None:

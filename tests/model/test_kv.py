@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
-from safe_llama.model.kv import Cache, KvRequest, buffers, mib_line, pad, plan_kv, resolve_context, row_bytes
+from safe_llama.model.kv import (
+    Cache,
+    KvRequest,
+    buffers,
+    ctx_unit,
+    mib_line,
+    pad,
+    plan_kv,
+    resolve_context,
+    row_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,22 @@ def test_seed_split_at_max_alloc_matches_reference() -> None:
 def test_resolve_context(req: KvRequest, n_ctx: int, n_ctx_seq: int, n_seq: int, n_stream: int) -> None:
     ctx = resolve_context(req, 131072)
     assert (ctx.n_ctx, ctx.n_ctx_seq, ctx.n_seq_max, ctx.n_stream) == (n_ctx, n_ctx_seq, n_seq, n_stream)
+
+
+@pytest.mark.parametrize(
+    ("req", "unit"),
+    [
+        pytest.param(KvRequest(tool="completion"), 256, id="one-slot"),
+        pytest.param(KvRequest(tool="server"), 256, id="server-auto-slots-unified"),
+        pytest.param(KvRequest(tool="server", n_parallel=3), 768, id="a-stream-per-slot"),
+        pytest.param(KvRequest(tool="server", n_parallel=3, kv_unified=True), 256, id="unified"),
+    ],
+)
+def test_ctx_unit_is_the_step_between_contexts(req: KvRequest, unit: int) -> None:
+    assert ctx_unit(req) == unit
+    for n_ctx in (unit, 5 * unit):
+        assert resolve_context(replace(req, n_ctx=n_ctx), 0).n_ctx == n_ctx
+    assert resolve_context(replace(req, n_ctx=unit + 1), 0).n_ctx == 2 * unit
 
 
 def test_gemma3_swa_reference_numbers() -> None:

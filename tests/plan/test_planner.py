@@ -3,6 +3,7 @@ quantized-cache rules, nothing fitting."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,27 @@ def test_a_learned_compute_size_and_the_margin_band_reach_the_host_total(policy:
     assert extra.kv.total_bytes < kept.kv.total_bytes < band.kv.total_bytes
     per_cell = plan_kv(facts, KvRequest(tool="server", n_ctx=256)).total_bytes / 256
     assert (kept.kv.total_bytes - extra.kv.total_bytes) / per_cell == pytest.approx(GIB / per_cell, rel=0.3)
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        pytest.param("0.5", True, id="a-half"),
+        pytest.param("1", False, id="all-of-it"),
+        pytest.param("0", False, id="nothing"),
+        pytest.param('"3/4"', False, id="text"),
+    ],
+)
+def test_failed_alloc_share_is_a_share(tmp_path: Path, value: str, accepted: bool) -> None:
+    user = tmp_path / "config.toml"
+    user.write_text(f"[planner]\nfailed_alloc_share = {value}\n")
+    if accepted:
+        assert load_policy(configs_dir() / "planner.toml", user).failed_alloc_share == Fraction(1, 2)
+        return
+    with pytest.raises(SafeLlamaError) as caught:
+        load_policy(configs_dir() / "planner.toml", user)
+    assert f"{user}: [planner] failed_alloc_share: invalid value" in caught.value.message
+
+
+def test_the_packaged_failed_alloc_share_is_exact() -> None:
+    assert load_policy(configs_dir() / "planner.toml").failed_alloc_share == Fraction(3, 4)

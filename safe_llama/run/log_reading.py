@@ -1,0 +1,364 @@
+"""Reading a llama.cpp log (any tool, any verbosity, timestamps or not, colours, a leading `#` comment): the
+failure through the signature table, and the facts around it (tool, model, context, backend, a quoted command
+line); then the failed command as far as it is known (`failed_run`). Pure: text in, values out; must not read
+files, probe, plan or word anything for people.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.request import to_request
+from safe_llama.device.list_devices import parse_list_devices
+from safe_llama.errors import SafeLlamaError
+from safe_llama.model.kv import resolve_context
+from safe_llama.run.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+_LEVEL = re.compile(r"(?:\d+\.\d\d\.\d{3}\.\d{3} |^)(?P<level>[IWED]) ")
+
+# Where a log names its model, most specific first (llama-model-loader.cpp, common.cpp, server.cpp, gguf.cpp).
+_MODEL_PATH = (
+    re.compile(
+        r"llama_model_loader: loaded meta data with \d+ key-value pairs and \d+ tensors from (?P<p>.+?) \(version"
+    ),
+    re.compile(r"failed to create[_ ]context with model '(?P<p>[^']+)'"),
+    re.compile(r"load_model: loading model '(?P<p>[^']+)'"),
+    re.compile(r"failed to load model,? '(?P<p>[^']+)'"),
+    re.compile(r"failed to open GGUF file '(?P<p>[^']+)'"),
+    re.compile(r"llama_model_loader: failed to load model from (?P<p>.+)$"),
+)
+_N_CTX = re.compile(r"^llama_context: n_ctx\s+= (?P<n>\d+)")
+_N_SEQ_MAX = re.compile(r"^llama_context: n_seq_max\s+= (?P<n>\d+)")
+_CTX_VS_TRAIN = re.compile(r"n_ctx_seq \((?P<seq>\d+)\) [<>] n_ctx_train \((?P<train>\d+)\)")
+_N_CTX_TRAIN = re.compile(r"n_ctx_train\s+= (?P<n>\d+)")
+_KV_CREATING = re.compile(r"creating non-SWA KV cache, size = (?P<n>\d+) cells")
+_KV_TYPES = re.compile(r"^llama_kv_cache: size = .*, K \((?P<k>\w+)\): .*, V \((?P<v>\w+)\)")
+_USING_DEVICE = re.compile(r"using device (?P<name>\S+) \((?P<desc>.*)\)")
+# The phase a line belongs to: an allocation failure with no stage of its own is named by it.
+_PHASES = (
+    ("context", re.compile(r"^llama_context:|^llama_kv_cache|^llama_init_from_model")),
+    ("weights", re.compile(r"^load_tensors:|^llama_model_loader:|^llama_model_load|load_model: loading model")),
+)
+# Which tool printed the log. llama-cli runs a server inside, so its marks are looked for first.
+_TOOL_MARKS = (
+    ("cli", re.compile(r"llama_server exited with code|the server exited before becoming ready|^available commands:")),
+    ("server", re.compile(r"^srv\s|^slot\s|llama_server:")),
+    ("completion", re.compile(r"^llama_completion:|^generate: n_ctx")),
+)
+_BACKEND_MARKS = (
+    ("openvino", re.compile(r"OpenVINO|OPENVINO\d|ggml-openvino|intel_gpu|\[GPU\] Exceeded")),
+    ("cuda", re.compile(r"\bCUDA\d|cudaMalloc|ggml_cuda")),
+    ("hip", re.compile(r"\bROCm\d|hipMalloc|hipError")),
+    ("vulkan", re.compile(r"\bVulkan\d|ggml_vulkan")),
+    ("sycl", re.compile(r"\bSYCL\d|ggml_sycl")),
+    ("metal", re.compile(r"\bMTL\d|ggml_metal")),
+    ("opencl", re.compile(r"GPUOpenCL|ggml_opencl")),
+    ("cpu", re.compile(r"CPU buffer|ggml_aligned_malloc|ggml_backend_cpu")),
+)
+_GPU_DEVICE = re.compile(r"\[GPU\]|intel_gpu|GGML_OPENVINO_DEVICE=GPU|\bCUDA\d|\bROCm\d|\bVulkan\d|\bSYCL\d|\bMTL\d")
+_STARTED = re.compile(r"listening on http|main: model loaded|^generate: n_ctx|^available commands:")
+# ggml_abort's "file:line: message" (GGML_ASSERT goes through it too).
+_ABORT = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|mm)):(?P<lineno>\d+): (?P<msg>.+)$")
+# llama-cli's own errors on stdout ("Error: the server exited before becoming ready"): the cause is on stderr.
+STDOUT_ERROR = re.compile(r"(?:^|(?<=[\s\x08]))Error: .+")  # after a spinner: backspaces
+_OPENVINO_REFUSED = re.compile(r"GGML_OPENVINO_DEVICE=(?P<device>\S+) is not available")
+# A command line quoted in the log (a shell prompt, a header comment): NAME=value words, then the binary.
+_COMMAND = re.compile(
+    r"(?:^|[\s/'\"(])(?P<env>(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*)(?:\S*/)?(?:safe-)?llama-(?P<tool>cli|server|completion)"
+    r"(?=\s|$)(?P<args>.*)$"
+)
+_SHELL_STOP = (";", "|", "||", "&&", "&", ">", "2>", "2>&1", ">>")
+# The failed run's address-space limit, when the log quotes the shell line that set it (KiB, as bash takes it).
+_ULIMIT_V = re.compile(r"\bulimit -v (?P<kib>\d+)\b")
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    """What a log says about the run besides its failure. `*_from` says which line said it."""
+
+    tool: str | None = None
+    tool_from: str = ""
+    model_path: str | None = None
+    model_from: str = ""
+    n_ctx: int | None = None  # the cells llama.cpp used (its n_ctx, or n_ctx_seq x streams)
+    n_ctx_from: str = ""
+    n_ctx_train: int | None = None
+    n_seq_max: int | None = None
+    type_k: str | None = None
+    type_v: str | None = None
+    backend: str | None = None
+    backend_from: str = ""
+    on_gpu: bool | None = None
+    device: str | None = None  # llama.cpp's device name (OPENVINO0, CUDA0), when a line names it
+    integrated: bool | None = None
+    command_tool: str | None = None
+    command_args: tuple[str, ...] = ()  # the llama.cpp options of a command line quoted in the log
+    command_env: Mapping[str, str] = field(default_factory=dict)
+    command_from: str = ""
+    started: bool = False  # the log shows the tool ready or generating
+    address_space_limit: int | None = None  # bytes: a `ulimit -v` the log quotes for the failed run
+    address_space_from: str = ""
+    annotation_lines: int = 0  # leading '#' lines: read for a command line only
+
+
+@dataclass(frozen=True)
+class LogReading:
+    facts: LogFacts
+    matches: tuple[Match, ...]
+    failure: Failure | None
+    stage: str | None  # kv, compute, weights, output, context: what the failed allocation was for
+    abort: str | None  # ggml_abort's message, when no signature decided
+    refused_device: str | None  # GGML_OPENVINO_DEVICE=X that the OpenVINO backend refused
+    available_devices: tuple[tuple[str, str], ...]  # what OpenVINO offered instead
+    error_lines: tuple[str, ...]
+
+
+def _level(raw: str) -> str | None:
+    found = _LEVEL.search(ESCAPES.sub("", raw))
+    return found.group("level") if found else None
+
+
+def parse_command(line: str) -> tuple[str, tuple[str, ...], dict[str, str]] | None:
+    """A llama.cpp command line quoted in a log line: (tool, its options as llama.cpp reads them, NAME=value
+    words before it). Words llama.cpp would reject are dropped."""
+    found = _COMMAND.search(line)
+    if found is None:
+        return None
+    tool, text = found.group("tool"), found.group("args")
+    try:
+        words = shlex.split(text)
+    except ValueError:  # an unbalanced quote: the command ends where the quoted shell text did
+        words = re.split(r"['\"]", text, maxsplit=1)[0].split()
+    tokens: list[str] = []
+    for word in words:
+        if word in _SHELL_STOP:
+            break
+        tokens.append(word.rstrip(";"))
+        if word.endswith(";"):
+            break
+    env = dict(item.split("=", 1) for item in found.group("env").split())
+    return tool, parse(tool, tokens, {}).known_argv, env
+
+
+def read_log(text: str, table: SignatureTable) -> LogReading:
+    """Everything explain needs from a log's text. Leading lines starting with '#' are a person's notes
+    (as in tests/fixtures/logs/): they are never matched against signatures, only read for a command line."""
+    lines = _NEWLINE.split(text)
+    found: dict[str, Any] = {}
+    matches: list[Match] = []
+    errors: list[str] = []
+    abort = refused = None
+    available: tuple[tuple[str, str], ...] = ()
+    phase: str | None = None
+    phase_at_failure: str | None = None
+    tools: set[str] = set()
+    backends: list[tuple[str, str]] = []
+    annotations = 0
+    while annotations < len(lines) and lines[annotations].startswith("#"):
+        command = parse_command(lines[annotations][1:])
+        if command is not None:
+            found["command"] = (*command, "the log's header comment")
+        if (limit := _ULIMIT_V.search(lines[annotations])) is not None:
+            found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} in the header comment")
+        annotations += 1
+    for number, raw in enumerate(lines[annotations:], start=annotations + 1):
+        line = clean_line(raw[:MAX_LINE])
+        if not line:
+            continue
+        for name, pattern in _PHASES:
+            if pattern.search(line):
+                phase = name
+        match = table.match_line(line)
+        if match is not None:
+            if match.category in ("alloc", "not_memory") and phase_at_failure is None:
+                phase_at_failure = phase or "none"
+            matches.append(match)
+        level = _level(raw)
+        aborted = _ABORT.match(line)
+        stdout_error = STDOUT_ERROR.search(line)
+        if level == "E" or aborted:
+            errors.append(line)
+        elif stdout_error:
+            errors.append(stdout_error.group(0))
+        if aborted and abort is None:
+            abort = aborted.group("msg")
+        refusal = _OPENVINO_REFUSED.search(line)
+        if refusal and refused is None:
+            listed = parse_list_devices("", "\n".join(lines[number - 1 : number + 20]))
+            refused, available = refusal.group("device"), listed.openvino_available
+        _read_facts(line, number, found)
+        tools.update(name for name, pattern in _TOOL_MARKS if pattern.search(line))
+        backends.extend((name, f"line {number}") for name, pattern in _BACKEND_MARKS if pattern.search(line))
+        if level is None and not match:
+            command = parse_command(line)
+            if command is not None:
+                found["command"] = (*command, f"the command line on line {number}")
+            if (limit := _ULIMIT_V.search(line)) is not None:
+                found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} on line {number}")
+    facts = _facts(found, tools, backends, annotations)
+    failure = classify(matches, None)
+    return LogReading(
+        facts=facts,
+        matches=tuple(matches),
+        failure=failure,
+        stage=_PHASE_STAGE.get(phase_at_failure or "") if failure is not None and failure.memory else None,
+        abort=abort,
+        refused_device=refused,
+        available_devices=available,
+        error_lines=tuple(errors),
+    )
+
+
+def _read_facts(line: str, number: int, found: dict[str, Any]) -> None:
+    """The facts one line states. A later line wins (--fit's dry runs print a set first), but the model:
+    the first line naming it is the one loaded."""
+    where = f"line {number}"
+    if "model" not in found:
+        for pattern in _MODEL_PATH:
+            if (m := pattern.search(line)) is not None:
+                found["model"] = (m.group("p").strip(), where)
+                break
+    if (m := _N_CTX.search(line)) is not None:
+        found["n_ctx"] = (int(m.group("n")), f"{where} (llama_context: n_ctx)")
+    elif (m := _CTX_VS_TRAIN.search(line)) is not None:
+        found["n_ctx_seq"] = (int(m.group("seq")), f"{where} (n_ctx_seq)")
+        found["n_ctx_train"] = int(m.group("train"))
+    elif (m := _KV_CREATING.search(line)) is not None:
+        found["kv_cells"] = (int(m.group("n")), f"{where} (KV cache cells)")
+    if (m := _N_SEQ_MAX.search(line)) is not None:
+        found["n_seq_max"] = int(m.group("n"))
+    if (m := _N_CTX_TRAIN.search(line)) is not None:
+        found["n_ctx_train"] = int(m.group("n"))
+    if (m := _KV_TYPES.search(line)) is not None:
+        found["types"] = (m.group("k"), m.group("v"))
+    if (m := _USING_DEVICE.search(line)) is not None:
+        found["device"] = (m.group("name"), "iGPU" in m.group("desc"))
+    if _STARTED.search(line):
+        found["started"] = True
+    if _GPU_DEVICE.search(line):
+        found["on_gpu"] = True
+
+
+def _facts(found: Mapping[str, Any], tools: set[str], backends: list[tuple[str, str]], annotations: int) -> LogFacts:
+    tool = next((name for name, _ in _TOOL_MARKS if name in tools), None)
+    command = found.get("command")
+    tool_from = "the log's lines" if tool else ""
+    if tool is None and command is not None:
+        tool, tool_from = command[0], command[3]
+    n_ctx = found.get("n_ctx") or found.get("n_ctx_seq") or found.get("kv_cells")
+    backend = next((b for b in backends if b[0] != "cpu"), backends[0] if backends else None)
+    device = found.get("device")
+    types = found.get("types")
+    return LogFacts(
+        tool=tool,
+        tool_from=tool_from,
+        model_path=found["model"][0] if "model" in found else None,
+        model_from=found["model"][1] if "model" in found else "",
+        n_ctx=n_ctx[0] if n_ctx else None,
+        n_ctx_from=n_ctx[1] if n_ctx else "",
+        n_ctx_train=found.get("n_ctx_train"),
+        n_seq_max=found.get("n_seq_max"),
+        type_k=types[0] if types else None,
+        type_v=types[1] if types else None,
+        backend=backend[0] if backend else None,
+        backend_from=backend[1] if backend else "",
+        on_gpu=True if found.get("on_gpu") else (False if backend and backend[0] == "cpu" else None),
+        device=device[0] if device else None,
+        integrated=True if device and device[1] else None,
+        command_tool=command[0] if command else None,
+        command_args=command[1] if command else (),
+        command_env=command[2] if command else {},
+        command_from=command[3] if command else "",
+        started=bool(found.get("started")),
+        annotation_lines=annotations,
+        address_space_limit=found["ulimit"][0] if "ulimit" in found else None,
+        address_space_from=found["ulimit"][1] if "ulimit" in found else "",
+    )
+
+
+_PHASE_STAGE = {"context": "context", "weights": "weights"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The failed run: what is known of its command line
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """The failed command as far as it is known: explain's own arguments first, then the log."""
+
+    tool: str
+    tool_from: str
+    args: tuple[str, ...]  # llama.cpp options, model and context included when known
+    args_from: str
+    env: Mapping[str, str]
+    model_path: str | None
+    model_from: str
+    n_ctx: int | None  # the cells the failed allocation was sized for (padded, as llama.cpp did)
+    n_ctx_from: str
+
+
+def failed_run(facts: LogFacts, *, args: Sequence[str], model: str | None, tool: str | None) -> FailedRun:
+    """Explicit values beat the log's lines, which beat a command line quoted in the log."""
+    chosen_tool, tool_from = tool, "--tool"
+    if chosen_tool is None:
+        chosen_tool, tool_from = facts.tool, facts.tool_from
+    if chosen_tool is None:
+        chosen_tool, tool_from = "server", "not in the log: llama-server assumed"
+    if args:
+        base, args_from = tuple(args), "explain's arguments"
+    elif facts.command_args and facts.command_tool == chosen_tool:
+        base, args_from = facts.command_args, facts.command_from
+    else:
+        base, args_from = (), ""
+    cmd = parse(chosen_tool, base, {})
+    given_model = cmd.value("--model")
+    model_path, model_from = model, "-m"
+    if model_path is None and given_model is not None and args:
+        model_path, model_from = str(given_model), "explain's arguments"
+    if model_path is None and facts.model_path is not None:
+        model_path, model_from = facts.model_path, facts.model_from
+    if model_path is None and given_model is not None:
+        model_path, model_from = str(given_model), args_from
+    changes: dict[str, str | bool] = {}
+    if model_path is not None and given_model is None:
+        base = ("-m", model_path, *base)  # first, where people put it
+        cmd = parse(chosen_tool, base, {})
+    elif model_path is not None and given_model != model_path:
+        changes["--model"] = model_path
+    asked = cmd.value("--ctx-size")
+    n_ctx, n_ctx_from = facts.n_ctx, facts.n_ctx_from
+    cells = _cells_asked(cmd)
+    if cells is not None and (args or n_ctx is None):
+        n_ctx, n_ctx_from = cells, f"{args_from}: -c {asked}"
+    if asked is None and n_ctx is not None:
+        changes["--ctx-size"] = str(n_ctx)
+    final = tuple(rewrite(cmd, changes))
+    return FailedRun(
+        tool=chosen_tool,
+        tool_from=tool_from,
+        args=final,
+        args_from=args_from,
+        env=dict(facts.command_env) if args_from == facts.command_from and args_from else {},
+        model_path=model_path,
+        model_from=model_from,
+        n_ctx=n_ctx,
+        n_ctx_from=n_ctx_from,
+    )
+
+
+def _cells_asked(cmd: CommandLine) -> int | None:
+    """The cells a command's -c makes, padded as llama.cpp pads them (per stream); None without a positive -c,
+    or when llama.cpp would reject the command's values."""
+    try:
+        kv = to_request(cmd).kv
+    except (SafeLlamaError, ValueError):
+        return None
+    return resolve_context(kv, 0).n_ctx if kv.n_ctx else None

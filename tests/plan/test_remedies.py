@@ -1,0 +1,42 @@
+"""Tests for safe_llama/plan/remedies.py: commands to paste, and the machine a log describes as a planner
+target. The remedies planned from a model run through `safe-llama explain` (tests/commands/test_explain.py)."""
+
+from __future__ import annotations
+
+from safe_llama.paths import configs_dir
+from safe_llama.plan.policy import load_policy
+from safe_llama.plan.remedies import UNKNOWN_HOST, log_target, ready_command
+from safe_llama.run.log_reading import LogFacts, failed_run, read_log
+from safe_llama.run.signatures import Failure, load_table
+
+TABLE = load_table()
+POLICY = load_policy(configs_dir() / "planner.toml")
+
+
+def test_ready_command_quotes_and_redacts() -> None:
+    run = failed_run(
+        read_log("", TABLE).facts, args=("-m", "a b.gguf", "--api-key", "s3cret"), model=None, tool="server"
+    )
+    command = ready_command(run, {"--ctx-size": "512"}, {"GGML_OPENVINO_STATEFUL_EXECUTION": "1"})
+    assert command == ("GGML_OPENVINO_STATEFUL_EXECUTION=1 llama-server -m 'a b.gguf' --api-key '<redacted>' -c 512")
+
+
+def test_the_logs_machine_is_the_target() -> None:
+    """A GPU's limit named by its own error is learned; a quoted `ulimit -v` is the host's budget."""
+    facts = LogFacts(
+        backend="openvino", on_gpu=True, device="GPU.0", address_space_limit=3 << 30, address_space_from="ulimit -v"
+    )
+    failure = Failure("alloc", True, requested_bytes=7 << 30, limit_bytes=4 << 30)
+    target, note = log_target(facts, failure, POLICY)
+    assert (target.backend, target.on_gpu, target.device, target.address_space_budget) == (
+        "openvino", True, "GPU.0", True,
+    )  # fmt: skip
+    assert target.max_alloc is not None and target.max_alloc.value == 4 << 30
+    assert target.host_budget.value == 3 << 30
+    assert note == "whether that GPU is integrated is not in the log: planned as a discrete one"
+
+
+def test_a_log_that_names_no_limit_is_planned_without_one() -> None:
+    target, note = log_target(LogFacts(), Failure("alloc", True, requested_bytes=1 << 30), POLICY)
+    assert (target.backend, target.on_gpu, target.max_alloc, note) == ("cpu", False, None, None)
+    assert target.host_budget.value == UNKNOWN_HOST and not target.address_space_budget
