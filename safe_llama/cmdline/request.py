@@ -1,7 +1,8 @@
 """From a llama.cpp command line to the typed request the planner works on.
 
-Owns the meaning of the memory-relevant options (their defaults, and numbers read as llama.cpp reads
-them: std::stoi / std::stof); pure. Planning, launching, supervising and explaining all read this one.
+Owns the meaning of the memory-relevant options and of llama-server's address (their defaults, and numbers
+read as llama.cpp reads them: std::stoi / std::stof); pure. Planning, launching, supervising and explaining
+all read this one.
 """
 
 from __future__ import annotations
@@ -52,8 +53,6 @@ class Request:
     model_path: str | None  # -m as given (None: not given)
     device: str | None  # --device / LLAMA_ARG_DEVICE
     n_gpu_layers: str | None  # as given: a number, "auto" or "all"
-    host: str
-    port: int
     kv_offload: bool = True  # -nkvo: the KV stays in host RAM
     overrides: tuple[TensorOverride, ...] = ()
     split_mode: str = "layer"
@@ -177,8 +176,6 @@ def to_request(cmd: CommandLine) -> Request:
         model_path=model,
         device=device,
         n_gpu_layers=None if ngl is None else str(ngl),
-        host=str(cmd.value("--host") or "127.0.0.1"),
-        port=_int(cmd, "--port", "--port") or 8080,
         kv_offload=cmd.value("--kv-offload") is not False,
         overrides=overrides_of(cmd, "--override-tensor", "--cpu-moe", "--n-cpu-moe"),
         split_mode=_str(cmd, "--split-mode") or "layer",
@@ -190,6 +187,32 @@ def to_request(cmd: CommandLine) -> Request:
         mmproj_offload=cmd.value("--mmproj-offload") is not False,
         cache_ram_mib=(DEFAULT_CACHE_RAM_MIB if cache_ram is None else cache_ram) if cmd.tool == "server" else 0,
         draft=draft,
+    )
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where llama-server listens: --host, --port, --api-prefix and TLS, each a flag or its LLAMA_ARG_* twin."""
+
+    host: str = "127.0.0.1"  # as given: an address, a name, several joined by commas, or a path ending in .sock
+    port: int = 8080  # 0: the system picks one (the server logs which)
+    api_prefix: str = ""
+    tls: bool = False  # --ssl-key-file and --ssl-cert-file both given: https
+
+
+def listen_of(cmd: CommandLine) -> Listen:
+    """llama-server's address as it reads its options. Never raises: a port llama.cpp refuses reads as the
+    default (llama.cpp then exits before it listens)."""
+    port = cmd.value("--port")
+    try:
+        number = stoi(port) if isinstance(port, str) else Listen.port
+    except ValueError:
+        number = Listen.port
+    return Listen(
+        host=_str(cmd, "--host") or Listen.host,
+        port=number,
+        api_prefix=_str(cmd, "--api-prefix") or "",
+        tls=bool(_str(cmd, "--ssl-key-file") and _str(cmd, "--ssl-cert-file")),
     )
 
 

@@ -27,8 +27,10 @@ from safe_llama.state import check_cache
 from safe_llama.units import human
 
 if TYPE_CHECKING:
+    from safe_llama.run.readiness import ReadinessProbe
+    from safe_llama.run.relay import Stream
     from safe_llama.run.signatures import Failure, SignatureTable
-    from safe_llama.run.supervise import ReadinessProbe, Stream, Verdict
+    from safe_llama.run.supervise import Verdict
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
@@ -60,6 +62,7 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
 def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchOptions) -> int:
     """The whole launch; returns the exit code safe-llama leaves with."""
     from safe_llama.run import remember, supervise
+    from safe_llama.run.readiness import probe_for
     from safe_llama.run.signatures import load_table
 
     say = Say(env)
@@ -135,7 +138,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             and attempt_is_planned(attempt, options)
         ):
             on_ready.store = (digest, prepared, plan_options, env)
-        probe = supervise.probe_for(tool, argv, {**base_env, **extra_env})
+        probe = probe_for(tool, argv, {**base_env, **extra_env})
         on_ready.health = probe.check if tool == "server" else None
         notifier.extend_timeout(EXTEND_TIMEOUT)
         outcome = supervise.launch(

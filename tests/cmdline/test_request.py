@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.cmdline.llama_args import parse, read_tensor_split, stof, stoi
-from safe_llama.cmdline.request import EXPERT_REGEX, to_request
+from safe_llama.cmdline.request import EXPERT_REGEX, Listen, listen_of, to_request
 
 
 @pytest.mark.parametrize(
@@ -132,3 +132,23 @@ def test_env_twins_count() -> None:
     req = to_request(parse("server", [], {"LLAMA_ARG_N_CPU_MOE": "1", "LLAMA_ARG_KV_OFFLOAD": "0"}))
     assert req.kv_offload is False
     assert [o.origin for o in req.overrides] == ["-ncmoe"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        pytest.param([], {}, Listen("127.0.0.1", 8080, "", tls=False), id="defaults"),
+        pytest.param(["--port", "0"], {}, Listen(port=0), id="port-0-kept"),
+        pytest.param([], {"LLAMA_ARG_HOST": "0.0.0.0", "LLAMA_ARG_PORT": "7000"}, Listen("0.0.0.0", 7000), id="env"),  # noqa: S104
+        pytest.param(["--port", "9000"], {"LLAMA_ARG_PORT": "7000"}, Listen(port=9000), id="flag-beats-env"),
+        pytest.param(["--port", "1", "--port", "2"], {}, Listen(port=2), id="last-flag-wins"),
+        pytest.param(["--port", "80x"], {}, Listen(port=80), id="std-stoi"),
+        pytest.param(["--port", "x"], {}, Listen(port=8080), id="refused-port-reads-as-default"),
+        pytest.param(["--host", "/run/s.sock"], {}, Listen(host="/run/s.sock"), id="unix-socket-as-given"),
+        pytest.param([], {"LLAMA_ARG_API_PREFIX": "/v1"}, Listen(api_prefix="/v1"), id="prefix-from-env"),
+        pytest.param(["--ssl-key-file", "k", "--ssl-cert-file", "c"], {}, Listen(tls=True), id="tls"),
+        pytest.param(["--ssl-cert-file", "c"], {}, Listen(tls=False), id="tls-needs-a-key-too"),
+    ],
+)
+def test_listen_of(argv: list[str], env: dict[str, str], expected: Listen) -> None:
+    assert listen_of(parse("server", argv, env)) == expected

@@ -1,0 +1,17 @@
+"""The scripts tests of launch() run: the driver (the wrapper) and the fake llama.cpp (tests/run/supervision.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.run.supervision import DRIVER, FAKE
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> dict[str, Path]:
+    paths = {"driver": tmp_path / "driver.py", "fake": tmp_path / "fake.py"}
+    paths["driver"].write_text(DRIVER)
+    paths["fake"].write_text(FAKE)
+    return paths
