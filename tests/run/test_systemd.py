@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -79,9 +80,11 @@ def test_json_log_format() -> None:
 @pytest.mark.slow
 def test_shell_aliases_and_completion() -> None:
     script = configs_dir() / "shell" / "safe-llama.sh"
+    # the safe-llama of this interpreter's environment, not whatever else PATH holds
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     done = subprocess.run(
         ["bash", "-c", f". {script}; alias llama-server; complete -p safe-llama"],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, env={**os.environ, "PATH": path},
     )  # fmt: skip
     assert "alias llama-server='safe-llama-server'" in done.stdout
     assert "_safe_llama_completion" in done.stdout
