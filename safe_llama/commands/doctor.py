@@ -28,8 +28,8 @@ from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
-from safe_llama.plan.planner import Target, kv_splits
 from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.target import Target, kv_splits
 from safe_llama.run.signatures import load_table
 from safe_llama.units import human
 

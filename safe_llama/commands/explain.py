@@ -23,7 +23,6 @@ from safe_llama.device.binaries import TOOL_BINARY
 from safe_llama.device.device_map import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.number_remedies import number_remedies, per_token_words
-from safe_llama.plan.planner import Target, kv_splits
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.remedies import (
     Remedy,
@@ -35,6 +34,7 @@ from safe_llama.plan.remedies import (
     safe_llama_remedy,
     stage_remedies,
 )
+from safe_llama.plan.target import Target, kv_splits
 from safe_llama.plan.words import Words, fill, load_words
 from safe_llama.run.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
 from safe_llama.run.signatures import Failure

@@ -14,7 +14,7 @@ from safe_llama.cmdline.model_source import ModelSource, resolve
 from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
 from safe_llama.plan import render
-from safe_llama.plan.planner import Settings, memory_by_place
+from safe_llama.plan.memory import Settings, memory_by_place
 from safe_llama.run.prepare import PlanOptions, context_note, final_argv, prepare
 
 

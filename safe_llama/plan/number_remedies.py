@@ -14,7 +14,6 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.kv import PAD, block_size, ctx_unit, row_bytes
-from safe_llama.plan.planner import STATEFUL_ENV
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.remedies import (
     STEP_SUMMARY,
@@ -27,6 +26,7 @@ from safe_llama.plan.remedies import (
     stage_remedies,
     step_notes,
 )
+from safe_llama.plan.target import STATEFUL_ENV
 from safe_llama.units import human
 
 

@@ -18,8 +18,10 @@ from safe_llama.device.device_map import HostLimit, Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import plan_kv
-from safe_llama.plan.planner import Plan, Settings, Target, allocations, describe, plan, with_learned
+from safe_llama.plan.memory import Settings, allocations
+from safe_llama.plan.planner import Plan, describe, plan
 from safe_llama.plan.policy import Policy
+from safe_llama.plan.target import Target, with_learned
 from safe_llama.units import human
 
 # The host budget planned against when the log names none: no limit; a share of the failed KV stands in.

@@ -10,7 +10,8 @@ from safe_llama.device.device_map import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, mib_line
-from safe_llama.plan.planner import Plan, Target
+from safe_llama.plan.planner import Plan
+from safe_llama.plan.target import Target
 from safe_llama.units import human
 
 

@@ -15,8 +15,10 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import configs_dir
-from safe_llama.plan.planner import Layout, Settings, Target, allocations, plan
+from safe_llama.plan.memory import Layout, Settings, allocations
+from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.target import Target
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -12,8 +12,10 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import configs_dir
-from safe_llama.plan.planner import STATEFUL_ENV, Draft, Layout, Override, Settings, Target, memory_by_place, plan
+from safe_llama.plan.memory import Draft, Layout, Override, Settings, memory_by_place
+from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.target import STATEFUL_ENV, Target
 
 GIB = 1 << 30
 MIB = 1 << 20

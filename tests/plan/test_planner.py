@@ -14,8 +14,9 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
 from safe_llama.model.kv import KvRequest, buffers, plan_kv
 from safe_llama.paths import configs_dir
-from safe_llama.plan.planner import Target, kv_splits, plan
+from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.target import Target, kv_splits
 from tests.tiny_gguf import LLAMA_3B
 
 GIB = 1 << 30
@@ -210,7 +211,7 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
         opencl=None, pci=None, pci_bdf=None, limits_alloc=False, max_alloc_bytes=None, memory_bytes=None,
         memory_free_bytes=None, integrated=None, on_host=True, shares_host_memory=True,
     )  # fmt: skip
-    from safe_llama.plan.planner import target_from
+    from safe_llama.plan.target import target_from
 
     target = target_from(cpu, budget, binary_version="0.6.0-dev")
     assert not target.address_space_budget

@@ -1,0 +1,441 @@
+"""The allocation model: what llama.cpp allocates where (weights by layer and tensor rule, KV, compute buffers,
+repacked copies, projector, draft, prompt cache) and which budget each counts against (device memory, the
+per-allocation cap, RAM, a cgroup's charge, the address space), per backend as the policy says.
+
+Owns that arithmetic over one set of settings; must not choose settings (the planner walks the ladder)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache
+
+from safe_llama.device.device_map import Sourced
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
+from safe_llama.paths import configs_dir
+from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
+from safe_llama.plan.target import Target, kv_splits
+from safe_llama.units import human
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Allocation:
+    name: str
+    bytes: int
+    limit: int
+    limit_name: str
+    # the plain words of a reason: who needs the bytes, and the limit with its size and source
+    subject: str = ""
+    limit_words: str = ""
+    n_ctx: int = 0  # the context the bytes were computed at
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes <= self.limit
+
+
+@dataclass(frozen=True)
+class Override:
+    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
+
+    pattern: str
+    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
+
+    @property
+    def to_host(self) -> bool:
+        return self.buffer_type.upper().startswith("CPU")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A second model loaded beside the main one (-md / -hfd): weights and a KV of the same context."""
+
+    facts: ModelFacts
+    n_gpu_layers: int | None  # None: all
+    type_k: str = "f16"
+    type_v: str = "f16"
+    overrides: tuple[Override, ...] = ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The command line's memory options that are not the KV request: where things live."""
+
+    kv_offload: bool = True  # False (-nkvo): the KV stays in host RAM
+    overrides: tuple[Override, ...] = ()
+    devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
+    split_mode: str = "layer"  # none: everything on the main GPU
+    tensor_split: tuple[float, ...] = ()  # -ts proportions, per device
+    main_gpu: int = 0
+    mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
+    mmproj_offload: bool = True
+    prompt_cache_mib: int = 0  # -cram: llama-server's prompt cache limit (-1: none but the context)
+    load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
+    draft: Draft | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    kv: KvRequest
+    stateful: bool = False
+    n_gpu_layers: int | None = None  # None: all layers on the device (llama.cpp's default)
+    layout: Layout = field(default_factory=Layout)
+
+
+def compute_estimate(
+    facts: ModelFacts,
+    kv: KvPlan,
+    req: KvRequest | None = None,
+    *,
+    kv_f16_copies: bool = False,
+    costs: ComputeCosts | None = None,
+) -> int:
+    """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
+    `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
+
+    - activations of one ubatch: n_ubatch x (a n_embd + b n_ff) bytes, a and b from [compute] in
+      configs/planner.toml (`costs`; None: the packaged file's);
+    - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
+      llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
+      one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
+      vocabulary makes this 512 MiB for llama-completion and 4 MiB for llama-server at -np 4;
+    - the attention mask, n_kv x n_ubatch: f16 with flash attention (measured: 1,003 bytes per cell at
+      -ub 512 on the CPU build), f32 scores per head without it (an upper bound);
+    - with `kv_f16_copies` and a quantized K or V under flash attention: f16 copies of one layer's K and V
+      for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
+      of 256, beside the 2 x 512-byte mask row).
+    """
+    costs = costs or packaged_compute_costs()
+    ctx = kv.context
+    n_embd = facts.embedding_length
+    n_ff = max(facts.feed_forward_length, n_embd)
+    n_head = max(facts.head_count, default=1)
+    per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
+    mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
+    tool = req.tool if req is not None else "server"
+    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
+    logits = facts.vocab_size * 4 * n_outputs
+    copies = 0
+    if kv_f16_copies and kv.flash_attn and req is not None:
+        width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
+        width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
+        per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
+        copies = n_kv * per_cell
+    return ctx.n_ubatch * per_token + mask + logits + copies
+
+
+def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:
+    """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
+    attention, f32 without) and the other inputs ([compute] host_inputs_bytes)."""
+    costs = costs or packaged_compute_costs()
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + costs.host_inputs_bytes
+
+
+def packaged_compute_costs() -> ComputeCosts:
+    """[compute] of the packaged configs/planner.toml, for a target made without a policy (tests, tools)."""
+    return _packaged_policy().compute
+
+
+@cache
+def _packaged_policy() -> Policy:
+    return load_policy(configs_dir() / "planner.toml")
+
+
+def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
+    for rule in overrides:
+        try:
+            if re.search(rule.pattern, name):
+                return rule
+        except re.error:
+            continue
+    return None
+
+
+def _device_names(target: Target, layout: Layout) -> list[str]:
+    if not target.on_gpu:
+        return []
+    if layout.devices and layout.split_mode != "none":
+        return list(layout.devices)
+    main = target.device or "GPU0"
+    if layout.devices and layout.split_mode == "none":
+        main = layout.devices[min(layout.main_gpu, len(layout.devices) - 1)]
+    return [main]
+
+
+def _layer_places(n_layer: int, offloaded: int, devices: Sequence[str], split: Sequence[float]) -> list[str]:
+    """llama.cpp's layer assignment: the last `offloaded` layers go to the devices, in -ts proportions
+    (equal shares when -ts is not given: the free-memory split cannot be known here)."""
+    places = ["host"] * n_layer
+    if not devices or offloaded <= 0:
+        return places
+    shares = [max(x, 0.0) for x in split[: len(devices)]] + [0.0] * (len(devices) - len(split[: len(devices)]))
+    if not any(shares):
+        shares = [1.0] * len(devices)
+    total = sum(shares)
+    bounds, acc = [], 0.0
+    for share in shares:
+        acc += share / total
+        bounds.append(acc)
+    start = n_layer - offloaded
+    for il in range(start, n_layer):
+        at = (il - start) / offloaded
+        idx = next((i for i, b in enumerate(bounds) if at < b - 1e-9), len(devices) - 1)
+        places[il] = devices[idx]
+    return places
+
+
+def _model_memory(
+    facts: ModelFacts,
+    n_gpu_layers: int | None,
+    overrides: Sequence[Override],
+    devices: Sequence[str],
+    split: Sequence[float],
+    kv: KvPlan | None,
+    kv_offload: bool,
+    repack_types: frozenset[str] = frozenset(),
+) -> dict[str, dict[str, int]]:
+    """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
+    CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
+    input embeddings are read by row and stay in the mapping)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    n_layer = max(facts.block_count, 1)
+    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
+    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    places = _layer_places(n_layer, min(offloaded, n_layer), devices, split)
+    tensors = facts.tensors or tuple(
+        [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
+    )
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
+    for name, size in tensors:
+        il = None
+        if name.startswith("blk."):
+            head = name[4:].partition(".")[0]
+            il = int(head) if head.isdigit() else None
+        if il is not None and il < len(places):
+            place = places[il]
+        elif name.startswith("token_embd") or not devices:
+            place = "host"  # llama.cpp keeps the input embeddings on the CPU
+        else:
+            place = devices[-1] if offloaded > n_layer else "host"
+        rule = _placed(name, overrides)
+        if rule is not None:
+            place = "host" if rule.to_host else rule.buffer_type
+        add(place, "weights", size)
+        if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
+            add(place, "repacked", size)
+    names = {name for name, _ in tensors}
+    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
+        # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
+        # device (TENSOR_DUPLICATED); on the host the two are one mapping
+        add(devices[-1], "weights", dict(tensors)["token_embd.weight"])
+    if kv is not None:
+        for cache in kv.caches:
+            per_layer = cache.total_bytes // max(cache.layers, 1)
+            kv_layers = [il for il, layer in enumerate(facts.layers) if layer.has_kv][: cache.layers]
+            placed = 0
+            for il in kv_layers:
+                place = places[il] if kv_offload and il < len(places) else "host"
+                add(place, "kv", per_layer)
+                placed += per_layer
+            add("host", "kv", cache.total_bytes - placed)
+    return out
+
+
+def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
+    """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
+
+    Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
+    host repacked (the CPU backend's copies of repacked weights) and prompt_cache (llama-server's -cram:
+    grows in use up to that limit or one context's worth).
+    """
+    layout = settings.layout
+    kv = plan_kv(facts, settings.kv)
+    devices = _device_names(target, layout)
+    kv_offload = layout.kv_offload and not settings.stateful
+    repack = target.cpu_repack_types
+    out = _model_memory(
+        facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload, repack
+    )
+    out.setdefault("host", {})
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    main = devices[min(layout.main_gpu, len(devices) - 1)] if devices else "host"
+    if target.integrated or target.backend == "openvino":
+        # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
+        for place in devices:
+            add("host", "kv", out.get(place, {}).get("kv", 0))
+    costs = target.compute_costs
+    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, costs=costs)
+    compute += target.compute_extra
+    add(main, "compute", compute)
+    if main != "host" and not target.integrated:
+        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
+        # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
+        add("host", "compute", host_compute_estimate(kv, costs))
+    if layout.mmproj_bytes:
+        add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
+    if layout.draft is not None:
+        draft = layout.draft
+        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
+        part = _model_memory(
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload, repack
+        )
+        for place, items in part.items():
+            for item, size in items.items():
+                add(place, f"draft_{item}", size)
+        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
+    if layout.prompt_cache_mib:
+        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else min(layout.prompt_cache_mib * MIB, kv.total_bytes)
+        add("host", "prompt_cache", limit)
+    return {place: dict(items) for place, items in out.items()}
+
+
+def _origin(value: Sourced[int]) -> str:
+    return f"{value.source}: {value.detail}" if value.detail else value.source
+
+
+def _margin_words(fraction: float) -> str:
+    if fraction > 0:
+        return f" less {fraction:.0%}"
+    return f" plus {-fraction:.0%}" if fraction < 0 else ""
+
+
+def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
+    kv = plan_kv(facts, settings.kv)
+    layout = settings.layout
+    places = memory_by_place(facts, settings, target)
+    out: list[Allocation] = []
+    n_ctx = kv.context.n_ctx
+    if target.kv_cap is not None:
+        out.append(
+            Allocation(
+                "KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed", "the KV cache",
+                f"the {human(target.kv_cap)} allowed after the start that failed", n_ctx,
+            )
+        )  # fmt: skip
+    kv_on_device = target.on_gpu and not settings.stateful and layout.kv_offload
+    n_layer = max(facts.block_count, 1)
+    offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
+    device_share = offloaded / n_layer if kv_on_device else 0.0
+    split = kv_splits(target, policy)
+    if kv_on_device and target.max_alloc is not None and offloaded:
+        margin = policy.per_backend(policy.max_alloc_margin, target.backend)
+        limit = target.max_alloc.value - margin
+        limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
+        per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
+        per_alloc += f", less a {human(margin)} margin)" if margin else ")"
+        if margin:
+            limit_name += f" less {human(margin)} margin"
+        for cache in kv.caches:
+            sizes = buffers(cache.tensor_bytes, target.max_alloc.value if split else None)
+            for i, size in enumerate(sizes):
+                label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
+                subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
+                if not split:
+                    label += " (one allocation)"
+                    subject += " (one allocation)"
+                if len(kv.caches) > 1:
+                    subject = f"{cache.kind} {subject}"
+                out.append(Allocation(label, int(size * device_share), limit, limit_name, subject, per_alloc, n_ctx))
+    fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
+    if target.on_gpu and target.device_memory is not None and not target.integrated:
+        usable = int(target.device_memory.value * (1 - fraction))
+        total = human(target.device_memory.value)
+        for place, items in places.items():
+            if place == "host":
+                continue
+            what = ", ".join(k.replace("_", " ") for k in items)
+            usable_words = (
+                f"its {human(usable)} usable ({total} {_origin(target.device_memory)}{_margin_words(fraction)})"
+            )
+            out.append(
+                Allocation(
+                    "device total (weights, KV, compute estimate)"
+                    if place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
+                    else f"{place} total ({what})",
+                    sum(items.values()),
+                    usable,
+                    f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
+                    f"{_margin_words(fraction)}",
+                    f"{place} ({what.replace('kv', 'KV')})",
+                    usable_words,
+                    n_ctx,
+                )
+            )
+    host = places.get("host", {})
+    draft = layout.draft.facts if layout.draft else None
+    host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))
+    if target.on_gpu and target.integrated:
+        host_other += sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "compute" in k)
+    # weights of layers kept on the host: RAM must hold them to run at speed
+    host_weights = host.get("weights", 0) + host.get("draft_weights", 0)
+    # an integrated GPU's copies of offloaded weights are buffers in host RAM, charged like any other
+    device_copies = 0
+    if target.on_gpu and target.integrated:
+        device_copies = sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "weights" in k)
+    mapped = layout.load_mode not in _RESIDENT_LOADS
+    for limit in target.limits_on_host:
+        budget = limit.budget.value
+        if limit.kind == "address space":
+            # every mapping counts: the whole file when mapped, reserved but untouched buffers, thread stacks
+            # and malloc arenas (the fixed overhead), the tokenizer, and llama-server's per-cell bookkeeping
+            overhead = policy.per_backend(policy.address_space_overhead, target.backend)
+            overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.address_space_per_cell * kv.context.n_ctx
+            weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
+            # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
+            kept = int(policy.address_space_margin * target.margin_scale)
+            usable = budget - kept
+            what = "host address space (process, mapped model file, KV, compute estimate)"
+            margin = f"less {human(kept)}" if kept >= 0 else f"plus {human(-kept)}"
+            subject = "the address space (process, mapped model file, KV, compute)"
+        else:
+            # what the process keeps resident beside its buffers: a fixed part, the tokenizer's tables, the
+            # server's per-cell bookkeeping
+            overhead = policy.per_backend(policy.process_overhead, target.backend)
+            overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
+            overhead += policy.process_per_cell * kv.context.n_ctx
+            # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
+            # into memory or locked there count (-lm none, dio, mlock)
+            weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)
+            usable = int(budget * (1 - fraction))
+            what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
+            what += ("weights, " if weights else "") + "KV, compute estimate)"
+            margin = _margin_words(fraction).strip()
+            subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
+            subject += ("weights, " if weights else "") + "KV, compute)"
+        out.append(
+            Allocation(
+                what,
+                overhead + weights + host_other,
+                usable,
+                f"host budget {human(budget)} ({_origin(limit.budget)}) {margin}",
+                subject,
+                f"its {human(usable)} usable ({human(budget)} {_origin(limit.budget)}{', ' * bool(margin)}{margin})",
+                n_ctx,
+            )
+        )
+    return tuple(out)
+
+
+_PLAIN = frozenset({"weights", "kv", "compute"})
+
+
+# load modes (-lm) that read the weights into allocated or locked memory instead of leaving them to the page cache
+_RESIDENT_LOADS = frozenset({"none", "dio", "mlock", "mmap+mlock"})

@@ -1,0 +1,133 @@
+"""The target of a plan: where llama.cpp will run and the limits that apply there (device memory, the
+per-allocation cap, every host limit), made from the probed or declared device; whether this binary splits
+its KV at the device's max allocation.
+
+Owns that view of the machine for the planner; must not probe (device/ does) nor size anything (plan.memory)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from safe_llama.device.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
+from safe_llama.plan.policy import ComputeCosts, Policy
+
+GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
+
+
+STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where llama.cpp will run, and the limits that apply there."""
+
+    backend: str  # cpu | openvino | cuda | vulkan | sycl | opencl | metal | hip
+    host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
+    address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
+    malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
+    kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
+    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
+    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
+    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
+    margin_scale: float = 1.0
+    # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
+    # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
+    kv_f16_copies: bool = False
+    # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
+    # mapped file) for the layers it runs (policy: cpu_repack_types)
+    cpu_repack_types: frozenset[str] = frozenset()
+    compute_costs: ComputeCosts | None = None  # [compute] of the policy in use (None: the packaged file's)
+    on_gpu: bool = False  # KV and offloaded layers go to a device's memory
+    integrated: bool = False  # the device's memory is the host's RAM
+    device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
+    max_alloc: Sourced[int] | None = None
+    device_memory: Sourced[int] | None = None
+    kv_split: bool | None = None  # None: decided from the backend and the binary's version
+    binary_version: str | None = None
+    neo_filter: Mapping[str, str] = field(default_factory=dict)
+    # every host limit, each checked with its own accounting; empty: host_budget alone, as RAM (or as
+    # address space when address_space_budget)
+    host_limits: tuple[HostLimit, ...] = ()
+
+    @property
+    def limits_on_host(self) -> tuple[HostLimit, ...]:
+        if self.host_limits:
+            return self.host_limits
+        return (HostLimit("address space" if self.address_space_budget else "ram", self.host_budget),)
+
+
+def atoi(text: str) -> int:
+    """C's atoi (how ggml-openvino reads its switches): leading whitespace, sign, digits; 0 otherwise."""
+    found = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(found.group(1)) if found else 0
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("-")[0].split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def kv_splits(target: Target, policy: Policy) -> bool:
+    """Whether this binary packs the KV into buffers of at most the device's max allocation."""
+    if target.kv_split is not None:
+        return target.kv_split
+    rule = policy.kv_split.get(target.backend, "never")
+    if isinstance(rule, Mapping):
+        if target.binary_version is None:
+            return False  # unknown build: assume the old single allocation (the safe side)
+        return _version_tuple(target.binary_version) >= _version_tuple(str(rule["since"]))
+    return bool(rule == "always")
+
+
+def target_from(
+    device: TargetDevice,
+    host: HostBudget,
+    *,
+    binary_version: str | None,
+    profile: DeviceProfile | None = None,
+    kv_split: bool | None = None,
+    malloc_arena_max_set: bool = False,
+) -> Target:
+    """The planner's view of a probed (or declared) device.
+
+    A profile named on the command line describes the machine being planned for: when the probe only
+    sees this host's CPU, the profile's backend and GPU stand in for it (planning for another machine).
+    """
+    backend = device.backend
+    on_gpu = not device.on_host and backend != "unknown"  # no binary to ask: plan for the host
+    integrated = bool(device.integrated.value) if device.integrated is not None else False
+    if profile is not None and device.on_host and profile.backend not in (None, "cpu"):
+        backend = str(profile.backend)
+        on_gpu = True
+        integrated = bool(profile.integrated)
+    max_alloc = device.max_alloc_bytes if on_gpu else None
+    memory = device.memory_bytes if on_gpu and not integrated else None
+    return Target(
+        backend=backend if backend != "unknown" else "cpu",
+        host_budget=host.budget_bytes,
+        address_space_budget=any(limit.kind == "address space" for limit in host.limits)
+        or "RLIMIT_AS" in host.budget_bytes.detail,
+        malloc_arena_max_set=malloc_arena_max_set,
+        on_gpu=on_gpu,
+        integrated=integrated,
+        device=device.llama_name,
+        max_alloc=max_alloc,
+        device_memory=memory,
+        kv_split=kv_split,
+        binary_version=binary_version,
+        neo_filter=dict(device.neo_filter),
+        host_limits=host.limits,
+    )
+
+
+def with_learned(target: Target, learned_max_alloc: int | None) -> Target:
+    """The target with a max allocation the device itself named in a failed start (when it is lower)."""
+    if learned_max_alloc is None or (target.max_alloc is not None and target.max_alloc.value <= learned_max_alloc):
+        return target
+    return replace(target, max_alloc=Sourced(learned_max_alloc, "learned", "from the device's own error message"))
