@@ -138,7 +138,7 @@ def devices(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Show the devices, the limits that apply to the target, and the host memory budget."""
-    from safe_llama.device import devices as devices_module
+    from safe_llama.commands import devices as devices_module
 
     devices_module.run_devices_command(
         llama_bin=llama_bin,

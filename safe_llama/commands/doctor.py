@@ -5,6 +5,9 @@ Owns the checks (a table of small pure functions of a `Machine` value, so tests 
 their rendering, and `probe_machine`, which gathers the Machine through the existing probes and their
 caches. Must not load a model, start llama.cpp beyond the probes' cached `--version`/`--list-devices`, or
 change anything on the machine.
+
+Over 400 lines on purpose: it is a table of about twenty independent checks of 10-30 lines each, read
+top to bottom; splitting the table would only scatter it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from safe_llama.device.binaries import TOOL_BINARY, locate_binary
-from safe_llama.device.device_map import HostBudget, TargetDevice
+from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.devices import ProbeRoots, load_profiles, probe_devices, probe_llama
+from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.binaries import TOOL_BINARY
-from safe_llama.device.device_map import Sourced
+from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.number_remedies import number_remedies, per_token_words
 from safe_llama.plan.policy import Policy

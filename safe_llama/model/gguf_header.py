@@ -3,6 +3,9 @@
 Owns the GGUF binary layout and its validation: every count and length is checked against the bytes left in
 the file before anything is allocated or looped over, and every failure is one GGUFError line. Must not
 interpret the metadata (model_facts does that) nor import numpy or the gguf package (0.3 s).
+
+Over 400 lines on purpose: one binary format, one bounded reader; the value decoder, the reader's
+bounds and the tensor-info checks share the same cursor and the same error.
 """
 
 from __future__ import annotations

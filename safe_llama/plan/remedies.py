@@ -14,7 +14,8 @@ from typing import Protocol
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
 from safe_llama.cmdline.request import Request
 from safe_llama.device.binaries import TOOL_BINARY
-from safe_llama.device.device_map import HostLimit, Sourced
+from safe_llama.device.host_budget import HostLimit
+from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import plan_kv

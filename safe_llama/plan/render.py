@@ -6,7 +6,7 @@ import shlex
 from typing import Any
 
 from safe_llama.cmdline.llama_args import redact_argv, redact_env
-from safe_llama.device.device_map import Sourced
+from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, mib_line

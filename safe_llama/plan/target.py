@@ -10,7 +10,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from safe_llama.device.device_map import DeviceProfile, HostBudget, HostLimit, Sourced, TargetDevice
+from safe_llama.device.device_map import TargetDevice
+from safe_llama.device.host_budget import HostBudget, HostLimit
+from safe_llama.device.limits import DeviceProfile, Sourced
 from safe_llama.plan.policy import ComputeCosts, Policy
 
 GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})

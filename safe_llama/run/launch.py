@@ -267,7 +267,7 @@ class _Watcher:
 def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
     """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
     from safe_llama.model.kv import plan_kv
-    from safe_llama.plan.memory import compute_estimate
+    from safe_llama.plan.compute import compute_estimate
 
     kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
     kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes

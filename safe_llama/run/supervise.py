@@ -18,6 +18,9 @@ signal reaches the child once, forwarded. Where safe-llama is the terminal's for
 (stdin a terminal), the child's group is made the foreground one, so the terminal's ^C and ^Z reach the
 child alone, exactly as they reach a bare llama.cpp; when the child stops, safe-llama stops too, so the
 shell sees its job stopped. In pty mode the child leads its own session on the pty.
+
+Over 400 lines on purpose: _Supervisor is one state machine (the child, job control, readiness, the
+signal queue, the drain after exit) whose states share fields; the stateless parts are already out.
 """
 
 from __future__ import annotations

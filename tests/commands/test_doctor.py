@@ -37,8 +37,9 @@ from safe_llama.commands.doctor import (
     run_checks,
     run_doctor,
 )
-from safe_llama.device.device_map import HostBudget, Sourced
 from safe_llama.device.devices import ProbeRoots
+from safe_llama.device.host_budget import HostBudget
+from safe_llama.device.limits import Sourced
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, RenderNode, SysfsReport

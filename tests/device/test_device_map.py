@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.device.device_map import (
-    DeclaredLimits,
-    DeviceProfile,
-    HostBudget,
-    host_budget,
-    openvino_gpu_order,
-    parse_profile,
-    resolve_target,
-)
+from safe_llama.device.device_map import parse_profile, resolve_target
+from safe_llama.device.host_budget import HostBudget, host_budget
+from safe_llama.device.limits import DeclaredLimits, DeviceProfile
 from safe_llama.device.list_devices import MIB, DeviceRequest, ListedDevices, parse_list_devices
+from safe_llama.device.matching import openvino_gpu_order
 from safe_llama.device.probe_host import CgroupMemory, HostMemory
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.device_map import DeclaredLimits
-from safe_llama.device.devices import (
-    ProbeRoots,
-    load_profile,
-    load_profiles,
-    probe_devices,
-    probe_llama,
-    render_text,
-)
+from safe_llama.commands.devices import render_text
+from safe_llama.device.devices import ProbeRoots, load_profile, load_profiles, probe_devices, probe_llama
+from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
 from safe_llama.entry import main
 from safe_llama.errors import ExitStatus, SafeLlamaError

@@ -14,7 +14,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
-from safe_llama.plan.memory import compute_estimate
+from safe_llama.plan.compute import compute_estimate
 from tests import FIXTURES
 from tests.llama_run import run_server_until_ready
 from tests.tiny_gguf import write_tiny_gguf

@@ -13,11 +13,12 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.device.device_map import Sourced
+from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import configs_dir
-from safe_llama.plan.memory import Layout, Override, Settings, compute_estimate, host_compute_estimate, memory_by_place
+from safe_llama.plan.compute import compute_estimate, host_compute_estimate
+from safe_llama.plan.memory import Layout, Override, Settings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import Target

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from safe_llama.device.device_map import HostLimit, Sourced, host_budget
+from safe_llama.device.host_budget import HostLimit, host_budget
+from safe_llama.device.limits import Sourced
 from safe_llama.device.probe_host import CgroupMemory, HostMemory
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, model_facts

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from safe_llama.cmdline.request import EXPERT_REGEX
-from safe_llama.device.device_map import Sourced
+from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest, plan_kv

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.device_map import Sourced
+from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
@@ -191,7 +191,8 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     """systemd's MemoryMax= as the cgroup's memory.max bounds the plan (a tree in tmp_path, real parsing)."""
     from dataclasses import replace
 
-    from safe_llama.device.device_map import TargetDevice, host_budget
+    from safe_llama.device.device_map import TargetDevice
+    from safe_llama.device.host_budget import host_budget
     from safe_llama.device.probe_host import probe_host
     from tests.device.test_probe_host import write
 

@@ -1,0 +1,75 @@
+"""The compute buffers llama.cpp reserves for its worst-case graph (src/llama-context.cpp graph_reserve):
+activations of one ubatch, the logits, the attention mask, CUDA's f16 copies of a quantized K/V, and the
+inputs staged on the host beside a GPU; calibrated by [compute] in configs/planner.toml.
+
+Owns that estimate; must not place it (plan.memory does) nor read anything but the packaged policy."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.kv import KvPlan, KvRequest
+from safe_llama.paths import configs_dir
+from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
+
+
+def compute_estimate(
+    facts: ModelFacts,
+    kv: KvPlan,
+    req: KvRequest | None = None,
+    *,
+    kv_f16_copies: bool = False,
+    costs: ComputeCosts | None = None,
+) -> int:
+    """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
+    `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
+
+    - activations of one ubatch: n_ubatch x (a n_embd + b n_ff) bytes, a and b from [compute] in
+      configs/planner.toml (`costs`; None: the packaged file's);
+    - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
+      llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
+      one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
+      vocabulary makes this 512 MiB for llama-completion and 4 MiB for llama-server at -np 4;
+    - the attention mask, n_kv x n_ubatch: f16 with flash attention (measured: 1,003 bytes per cell at
+      -ub 512 on the CPU build), f32 scores per head without it (an upper bound);
+    - with `kv_f16_copies` and a quantized K or V under flash attention: f16 copies of one layer's K and V
+      for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
+      of 256, beside the 2 x 512-byte mask row).
+    """
+    costs = costs or packaged_compute_costs()
+    ctx = kv.context
+    n_embd = facts.embedding_length
+    n_ff = max(facts.feed_forward_length, n_embd)
+    n_head = max(facts.head_count, default=1)
+    per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
+    mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
+    tool = req.tool if req is not None else "server"
+    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
+    logits = facts.vocab_size * 4 * n_outputs
+    copies = 0
+    if kv_f16_copies and kv.flash_attn and req is not None:
+        width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
+        width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
+        per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
+        copies = n_kv * per_cell
+    return ctx.n_ubatch * per_token + mask + logits + copies
+
+
+def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:
+    """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
+    attention, f32 without) and the other inputs ([compute] host_inputs_bytes)."""
+    costs = costs or packaged_compute_costs()
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + costs.host_inputs_bytes
+
+
+def packaged_compute_costs() -> ComputeCosts:
+    """[compute] of the packaged configs/planner.toml, for a target made without a policy (tests, tools)."""
+    return _packaged_policy().compute
+
+
+@cache
+def _packaged_policy() -> Policy:
+    return load_policy(configs_dir() / "planner.toml")
