@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
+from safe_llama.model.kv import CACHE_TYPES
 from safe_llama.paths import configs_dir
 
 # llama.cpp's example ids for the three tools safe-llama stands in front of.
@@ -29,7 +30,6 @@ NO_MODEL_OPTIONS = ("--help", "--version", "--list-devices", "--completion-bash"
 # common_arg_utils::is_truthy / is_falsey: exact, case-sensitive spellings
 _TRUTHY = {"1", "true", "on", "enabled"}
 # kv_cache_types in common/arg.cpp, matched case-sensitively against ggml_type_name
-CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 _FALSY = {"0", "false", "off", "disabled"}
 
 
@@ -277,10 +277,10 @@ _STRING_READERS: dict[str, Callable[[str], object]] = {
     "--tensor-split": read_tensor_split,
     "--split-mode": _one_of("none", "layer", "row", "tensor"),
     "--flash-attn": _one_of(*sorted(_TRUTHY | _FALSY | {"auto", "-1"})),
-    "--cache-type-k": _one_of(*CACHE_TYPE_NAMES),
-    "--cache-type-v": _one_of(*CACHE_TYPE_NAMES),
-    "--spec-draft-type-k": _one_of(*CACHE_TYPE_NAMES),
-    "--spec-draft-type-v": _one_of(*CACHE_TYPE_NAMES),
+    "--cache-type-k": _one_of(*CACHE_TYPES),
+    "--cache-type-v": _one_of(*CACHE_TYPES),
+    "--spec-draft-type-k": _one_of(*CACHE_TYPES),
+    "--spec-draft-type-v": _one_of(*CACHE_TYPES),
     "--load-mode": _one_of("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"),
 }
 

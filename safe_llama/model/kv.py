@@ -15,7 +15,6 @@ from safe_llama.model.gguf_constants import constants
 
 PAD = 256  # GGML_PAD(n_ctx, 256) in llama_context; the SWA cache is padded the same way
 TENSOR_ALIGNMENT = 32  # ggml-impl.h; the CPU buffer type's alignment
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
 SERVER_AUTO_SLOTS = 4  # llama-server with no -np: 4 slots sharing one unified KV
@@ -114,16 +113,32 @@ def pad(n: int, to: int = PAD) -> int:
     return (n + to - 1) // to * to
 
 
-def row_bytes(type_name: str, n: int) -> int:
-    """ggml_row_size: bytes of n elements of a ggml type."""
+# (elements per block, bytes per block) of the cache types, as ggml defines them (gguf's GGML_QUANT_SIZES;
+# tests/model/test_kv.py checks they agree): looked up here without loading the gguf package (30 ms)
+CACHE_TYPE_SIZES = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
+    "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24),
+}  # fmt: skip
+CACHE_TYPES = tuple(CACHE_TYPE_SIZES)  # what llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
+
+
+def _sizes(type_name: str) -> tuple[int, int]:
+    known = CACHE_TYPE_SIZES.get(type_name)
+    if known is not None:
+        return known
     c = constants()
     block, size = c.GGML_QUANT_SIZES[c.GGMLQuantizationType[type_name.upper()]]
-    return int(size) * n // int(block)
+    return int(block), int(size)
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """ggml_row_size: bytes of n elements of a ggml type."""
+    block, size = _sizes(type_name)
+    return size * n // block
 
 
 def block_size(type_name: str) -> int:
-    c = constants()
-    return int(c.GGML_QUANT_SIZES[c.GGMLQuantizationType[type_name.upper()]][0])
+    return _sizes(type_name)[0]
 
 
 def resolve_slots(req: KvRequest) -> tuple[int, bool]:

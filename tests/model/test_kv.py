@@ -164,3 +164,14 @@ def test_buffers(sizes: list[int], max_size: int | None, expected: list[int]) ->
 def test_mib_line_is_float32() -> None:
     cache = Cache("full", 1, 1, 1, 1, "f16", "f16", 1048576 * 3 // 2, 0, (1,))
     assert mib_line(cache) == ("1.50", "1.50", "0.00")
+
+
+def test_cache_type_sizes_are_ggmls() -> None:
+    """kv's own table of the cache types (kept to avoid loading the gguf package on every launch) agrees with
+    gguf's GGML_QUANT_SIZES."""
+    from safe_llama.model.gguf_constants import constants
+    from safe_llama.model.kv import CACHE_TYPE_SIZES
+
+    c = constants()
+    for name, sizes in CACHE_TYPE_SIZES.items():
+        assert tuple(map(int, c.GGML_QUANT_SIZES[c.GGMLQuantizationType[name.upper()]])) == sizes, name
