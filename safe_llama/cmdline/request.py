@@ -54,6 +54,7 @@ class Request:
     device: str | None  # --device / LLAMA_ARG_DEVICE
     n_gpu_layers: str | None  # as given: a number, "auto" or "all"
     kv_offload: bool = True  # -nkvo: the KV stays in host RAM
+    op_offload: bool = True  # --no-op-offload: operations on host tensors are not offloaded to the device
     overrides: tuple[TensorOverride, ...] = ()
     split_mode: str = "layer"
     tensor_split: tuple[float, ...] = ()
@@ -177,6 +178,7 @@ def to_request(cmd: CommandLine) -> Request:
         device=device,
         n_gpu_layers=None if ngl is None else str(ngl),
         kv_offload=cmd.value("--kv-offload") is not False,
+        op_offload=cmd.value("--op-offload") is not False,
         overrides=overrides_of(cmd, "--override-tensor", "--cpu-moe", "--n-cpu-moe"),
         split_mode=_str(cmd, "--split-mode") or "layer",
         tensor_split=read_tensor_split(ts) if ts else (),

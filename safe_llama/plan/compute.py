@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 
 from safe_llama.model.facts import ModelFacts
-from safe_llama.model.kv import KvPlan, KvRequest
+from safe_llama.model.kv import KvPlan, KvRequest, row_bytes
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
 
@@ -20,6 +20,7 @@ def compute_estimate(
     req: KvRequest | None = None,
     *,
     kv_f16_copies: bool = False,
+    kv_on_host: bool = False,
     costs: ComputeCosts | None = None,
 ) -> int:
     """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
@@ -35,7 +36,11 @@ def compute_estimate(
       -ub 512 on the CPU build), f32 scores per head without it (an upper bound);
     - with `kv_f16_copies` and a quantized K or V under flash attention: f16 copies of one layer's K and V
       for the whole context (measured on an H200 with CUDA: 2 x 2 x 4096 bytes per cell for 16 KV heads
-      of 256, beside the 2 x 512-byte mask row).
+      of 256, beside the 2 x 512-byte mask row);
+    - with `kv_f16_copies` and `kv_on_host` (the KV in host memory, -ngl 0 or -nkvo, while the device runs
+      the attention: llama.cpp's op offload): one layer's K and V copied to the device in their cache types
+      as well (measured on the H200 at -ngl 0: 45,688.25 MiB at 1,832,448 cells of q8_0, 26,144 bytes per
+      cell = 2 x 4,352 copied + 2 x 8,192 f16 + 1,024 mask + the fixed part).
     """
     costs = costs or packaged_compute_costs()
     ctx = kv.context
@@ -49,11 +54,13 @@ def compute_estimate(
     n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
     logits = facts.vocab_size * 4 * n_outputs
     copies = 0
+    width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
+    width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
     if kv_f16_copies and kv.flash_attn and req is not None:
-        width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
-        width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
         per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
         copies = n_kv * per_cell
+    if kv_f16_copies and kv_on_host and req is not None:
+        copies += n_kv * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v))
     return ctx.n_ubatch * per_token + mask + logits + copies
 
 

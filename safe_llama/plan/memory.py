@@ -65,6 +65,7 @@ class Layout:
     """The command line's memory options that are not the KV request: where things live."""
 
     kv_offload: bool = True  # False (-nkvo): the KV stays in host RAM
+    op_offload: bool = True  # False (--no-op-offload): operations on host tensors stay on the CPU
     overrides: tuple[Override, ...] = ()
     devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
     split_mode: str = "layer"  # none: everything on the main GPU
@@ -219,7 +220,11 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         for place in devices:
             add("host", "kv", out.get(place, {}).get("kv", 0))
     costs = target.compute_costs
-    compute = compute_estimate(facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, costs=costs)
+    # the whole KV in host memory while a device runs the graph (its op offload copies K and V over)
+    kv_on_host = main != "host" and layout.op_offload and (not kv_offload or settings.n_gpu_layers == 0)
+    compute = compute_estimate(
+        facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, kv_on_host=kv_on_host, costs=costs
+    )
     compute += target.compute_extra
     add(main, "compute", compute)
     if main != "host" and not target.integrated:

@@ -114,6 +114,7 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
     layout = Layout(
         kv_offload=req.kv_offload,
+        op_offload=req.op_offload,
         overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides),
         devices=req.devices,
         split_mode=req.split_mode,

@@ -77,13 +77,29 @@ def test_logged_buffers_are_the_predicted_ones(big: Path, log: str) -> None:
     assert f"{kv.total_bytes / MIB:.2f}" == kv_mib
     host = host_compute_estimate(kv)
     assert compute["CUDA_Host"] <= host <= compute["CUDA_Host"] * 1.05
-    if ngl == "99":
-        device = compute_estimate(facts, kv, req, kv_f16_copies=True)
-        assert compute["CUDA0"] <= device <= compute["CUDA0"] * 1.01
-    else:
-        # not modelled: with -ngl 0 the CUDA build still reserves a compute buffer on CUDA0 (the big matrix
-        # products run there), larger than the -ngl 99 one; the recording keeps the number
-        assert compute["CUDA0"] > compute_estimate(facts, kv, req, kv_f16_copies=True)
+    # with -ngl 0 the KV is in host memory and the CUDA build still runs the attention on CUDA0 (op offload):
+    # one layer's K and V are copied over in their cache type beside the f16 copies
+    device = compute_estimate(facts, kv, req, kv_f16_copies=True, kv_on_host=ngl == "0")
+    assert compute["CUDA0"] <= device <= compute["CUDA0"] * 1.01
+
+
+def test_ngl0_places_the_copies_on_the_gpu(big: Path) -> None:
+    """The plan's memory per place for the recorded -ngl 0 start: KV on the host, CUDA0's compute buffer with
+    the copies, as llama.cpp logged them."""
+    text = (FIXTURES / "first-start-ngl0.log").read_text()
+    kv_mib, cells = KV_LINE.findall(text)[-1]
+    compute = {device: float(mib) * MIB for device, mib in COMPUTE.findall(text)}
+    argv = ["-m", str(big), "-c", cells, "-ngl", "0", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
+    request = to_request(parse("server", argv, {}))
+    places = memory_by_place(load_model_facts(big), Settings(kv=request.kv, n_gpu_layers=0), _h200())
+    assert "kv" not in places["CUDA0"] and f"{places['host']['kv'] / MIB:.2f}" == kv_mib
+    assert compute["CUDA0"] <= places["CUDA0"]["compute"] <= compute["CUDA0"] * 1.01
+    nopo = to_request(parse("server", [*argv, "--no-op-offload"], {}))
+    layout = Layout(op_offload=nopo.op_offload)
+    without = memory_by_place(load_model_facts(big), Settings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
+    # by rule (not recorded): without op offload the host KV is not copied over
+    copied = int(cells) * 2 * 4352
+    assert places["CUDA0"]["compute"] - without["CUDA0"]["compute"] == copied
 
 
 @pytest.fixture(scope="module")
