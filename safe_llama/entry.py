@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if request is not None:
         tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
         pass_through_early(tool, tool_args, given)
+        _fast_start(argv)
         return guarded(lambda: _launch(tool, tool_args, given))
+    _fast_start(argv)
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
         from safe_llama.commands.plan import run_plan
@@ -86,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     from safe_llama import cli
 
     return cli.run_app(args)
+
+
+def _fast_start(argv: list[str] | None) -> None:
+    """A console script's own run (argv None: not a caller inside another program) keeps the code of its
+    dataclass methods between runs (startup.py)."""
+    if argv is None:
+        from safe_llama import startup
+
+        startup.install()
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
@@ -97,6 +108,7 @@ def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
 def _drop_in(tool: str, argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pass_through_early(tool, args, {})
+    _fast_start(argv)
     return guarded(lambda: _launch(tool, args, {}))
 
 

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-from safe_llama.model.kv import CACHE_TYPES
+from safe_llama.model.cache_types import CACHE_TYPES
 from safe_llama.paths import configs_dir
 
 # llama.cpp's example ids for the three tools safe-llama stands in front of.

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from safe_llama.cmdline.llama_args import CommandLine, read_gpu_layers, read_tensor_split, stoi
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model.kv import CACHE_TYPES, DEFAULT_N_BATCH, DEFAULT_N_UBATCH, KvRequest
+from safe_llama.model.cache_types import CACHE_TYPES
+from safe_llama.model.kv import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, KvRequest
 
 DEFAULT_CACHE_RAM_MIB = 8192  # common.h cache_ram_mib: llama-server's prompt cache, host RAM
 EXPERT_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # LLM_FFN_EXPS_REGEX (common/common.h)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from safe_llama.model.cache_types import CACHE_TYPE_SIZES
 from safe_llama.model.gguf_constants import constants
 
 PAD = 256  # GGML_PAD(n_ctx, 256) in llama_context; the SWA cache is padded the same way
@@ -111,15 +112,6 @@ class KvPlan:
 
 def pad(n: int, to: int = PAD) -> int:
     return (n + to - 1) // to * to
-
-
-# (elements per block, bytes per block) of the cache types, as ggml defines them (gguf's GGML_QUANT_SIZES;
-# tests/model/test_kv.py checks they agree): looked up here without loading the gguf package (30 ms)
-CACHE_TYPE_SIZES = {
-    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
-    "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24),
-}  # fmt: skip
-CACHE_TYPES = tuple(CACHE_TYPE_SIZES)  # what llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
 
 
 def _sizes(type_name: str) -> tuple[int, int]:

@@ -169,8 +169,8 @@ def test_mib_line_is_float32() -> None:
 def test_cache_type_sizes_are_ggmls() -> None:
     """kv's own table of the cache types (kept to avoid loading the gguf package on every launch) agrees with
     gguf's GGML_QUANT_SIZES."""
+    from safe_llama.model.cache_types import CACHE_TYPE_SIZES
     from safe_llama.model.gguf_constants import constants
-    from safe_llama.model.kv import CACHE_TYPE_SIZES
 
     c = constants()
     for name, sizes in CACHE_TYPE_SIZES.items():
