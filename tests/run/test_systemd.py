@@ -88,3 +88,15 @@ def test_shell_aliases_and_completion() -> None:
     )  # fmt: skip
     assert "alias llama-server='safe-llama-server'" in done.stdout
     assert "_safe_llama_completion" in done.stdout
+
+
+def test_rpc_worker_unit_passes_systemd_analyze_verify() -> None:
+    unit = configs_dir() / "systemd" / "safe-llama-rpc-server.service"
+    if not Path("/usr/local/bin/safe-llama").exists():
+        pytest.fail("/usr/local/bin/safe-llama is missing: run bash scripts/setup.sh as root")
+    done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+    text = unit.read_text()
+    for line in ("Type=notify", "KillMode=mixed", "ExecStart=/usr/local/bin/safe-llama rpc-server -H 127.0.0.1"):
+        assert line in text
