@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -30,15 +29,12 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_host_limits import (  # noqa: E402
     MIB,
     Limit,
-    confined,
     largest_that_starts,
     plan_and_launch,
-    stop,
-    wait_ready,
+    server_under,
 )
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
-from tests.llama_run import free_port  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
@@ -46,31 +42,19 @@ def serves_full_context(bin_dir: Path, argv: list[str], env: dict[str, str], lim
     """llama-server at -c ctx under the limit starts and answers a prompt of ctx - 16 tokens."""
     trial = list(argv)
     trial[trial.index("-c") + 1] = str(ctx)
-    with confined(limit) as enter:
-        port = free_port()
-        proc = subprocess.Popen(
-            [str(bin_dir / "llama-server"), *trial, "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=enter,
-        )
-        served = False
-        if wait_ready(proc, port, 90):
-            # token ids past the byte tokens of either model's vocabulary: one cell each
-            prompt = [300 + i % 25 for i in range(ctx - 16)]
-            body = json.dumps({"prompt": prompt, "n_predict": 2, "cache_prompt": False}).encode()
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=1800) as answer:  # noqa: S310 (loopback http)
-                    served = answer.status == 200 and proc.poll() is None
-            except OSError:
-                served = False
-        stop(proc)
-    return served
+    with server_under(bin_dir, trial, env, limit) as running:
+        if not running.ready:
+            return False
+        # token ids past the byte tokens of either model's vocabulary: one cell each
+        prompt = [300 + i % 25 for i in range(ctx - 16)]
+        body = json.dumps({"prompt": prompt, "n_predict": 2, "cache_prompt": False}).encode()
+        url = f"http://127.0.0.1:{running.port}/completion"
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=1800) as answer:  # noqa: S310 (loopback http)
+                return bool(answer.status == 200 and running.proc.poll() is None)
+        except OSError:
+            return False
 
 
 def largest_that_serves(

@@ -106,8 +106,17 @@ def stop(proc: subprocess.Popen[bytes]) -> str:
     return proc.stdout.read().decode(errors="replace")
 
 
-def llama_starts(bin_dir: Path, argv: list[str], env: dict[str, str], limit: Limit) -> tuple[bool, str]:
-    """llama-server with this argv under the limit reaches /health 200."""
+@dataclass
+class Running:
+    proc: subprocess.Popen[bytes]
+    port: int
+    ready: bool  # /health said 200 within 90 s
+    log: str = ""  # its output, once stopped
+
+
+@contextmanager
+def server_under(bin_dir: Path, argv: list[str], env: dict[str, str], limit: Limit) -> Iterator[Running]:
+    """llama-server with this argv under the limit, stopped (and its log kept) when the block ends."""
     with confined(limit) as enter:
         port = free_port()
         proc = subprocess.Popen(
@@ -118,9 +127,18 @@ def llama_starts(bin_dir: Path, argv: list[str], env: dict[str, str], limit: Lim
             stdin=subprocess.DEVNULL,
             preexec_fn=enter,
         )
-        ready = wait_ready(proc, port, 90)
-        log = stop(proc)
-    return ready, log
+        running = Running(proc, port, wait_ready(proc, port, 90))
+        try:
+            yield running
+        finally:
+            running.log = stop(proc)
+
+
+def llama_starts(bin_dir: Path, argv: list[str], env: dict[str, str], limit: Limit) -> tuple[bool, str]:
+    """llama-server with this argv under the limit reaches /health 200."""
+    with server_under(bin_dir, argv, env, limit) as running:
+        pass
+    return running.ready, running.log
 
 
 def plan_and_launch(model: Path, limit: Limit, env: dict[str, str]) -> tuple[dict[str, object], bool, str]:
