@@ -19,8 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# dataclasses._create_fn(name, args, body, *, globals=None, locals=None, return_type=MISSING) in 3.10-3.12
+# dataclasses._create_fn(name, args, body, *, globals=None, locals=None, return_type=MISSING) in 3.10-3.12,
+# and the literals its text is built from (3.11; 3.12 names the return type __dataclass_return_type__): any
+# other function leaves dataclasses alone
 _SIGNATURE = ("name", "args", "body", "globals", "locals", "return_type")
+_LITERALS = ("", ",", "\n", " def ", "(", ")", ":\n", ", ", "def __create_fn__(", "):\n", "\n return ", "__create_fn__")
+_RETURN_NAMES = ("_return_type", "__dataclass_return_type__")
 
 
 def cache_file(folder: Path) -> Path:
@@ -39,6 +43,11 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
     code = getattr(create, "__code__", None)
     if code is None or code.co_varnames[: len(_SIGNATURE)] != _SIGNATURE or sys.implementation.name != "cpython":
         return False
+    literals = [c for c in code.co_consts if isinstance(c, str)]
+    returns = [n for n in _RETURN_NAMES if n in literals and f"->{n}" in literals]
+    if len(returns) != 1 or [c for c in literals if c not in (returns[0], f"->{returns[0]}")] != list(_LITERALS):
+        return False
+    return_name = returns[0]
     from safe_llama.paths import cache_dir
 
     path = cache_file(cache_dir(env) / "python")
@@ -60,8 +69,8 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
             locals = {}
         return_annotation = ""
         if return_type is not missing:
-            locals["_return_type"] = return_type
-            return_annotation = "->_return_type"
+            locals[return_name] = return_type
+            return_annotation = f"->{return_name}"
         joined = ",".join(args)
         lines = "\n".join(f"  {b}" for b in body)
         txt = f" def {name}({joined}){return_annotation}:\n{lines}"

@@ -76,3 +76,18 @@ def test_a_cache_file_others_can_write_is_not_loaded(tmp_path: Path) -> None:
     path.write_bytes(b"not marshal data")
     path.chmod(0o644)
     assert _load(path) == {}
+
+
+def test_another_create_fn_is_left_alone(tmp_path: Path) -> None:
+    """A Python whose dataclasses._create_fn differs (3.13 rewrote it) gets no cache and no change."""
+    code = (
+        "import dataclasses\n"
+        "def _create_fn(name, args, body, *, globals=None, locals=None, return_type=None):\n"
+        "    return 'a different text'\n"
+        "dataclasses._create_fn = _create_fn\n"
+        "from safe_llama import startup\n"
+        f"print(startup.install({{'XDG_CACHE_HOME': {str(tmp_path)!r}}}), dataclasses._create_fn is _create_fn)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.split() == ["False", "True"]
