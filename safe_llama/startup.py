@@ -53,6 +53,7 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
     path = cache_file(cache_dir(env) / "python")
     codes = _load(path)
     before = len(codes)
+    used: set[str] = set()
     missing = dataclasses.MISSING
 
     def _create_fn(
@@ -75,6 +76,7 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
         lines = "\n".join(f"  {b}" for b in body)
         txt = f" def {name}({joined}){return_annotation}:\n{lines}"
         txt = f"def __create_fn__({', '.join(locals.keys())}):\n{txt}\n return {name}"
+        used.add(txt)
         compiled = codes.get(txt)
         if compiled is None:
             compiled = codes[txt] = compile(txt, "<string>", "exec")
@@ -86,7 +88,9 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
 
     def save() -> None:
         if len(codes) != before:
-            _store(path, codes)
+            # entries of classes gone (an older safe-llama) are dropped once they far outnumber this run's
+            kept = codes if len(codes) <= 4 * len(used) + 512 else {t: codes[t] for t in used}
+            _store(path, kept)
 
     atexit.register(save)
     return True
