@@ -119,17 +119,13 @@ def _config_path(env: Mapping[str, str]) -> Any:
 
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as err:
-        raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
-    import tomllib  # only with a config file: the pass-through path stays light
+    from safe_llama import state  # only with a config file: the pass-through path stays light
 
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
+        raw = state.load_toml(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not TOML
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
     for table, value in raw.items():
         if table not in TABLES:

@@ -352,9 +352,9 @@ class Secrets(NamedTuple):
 @cache
 def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
     """configs/secrets.toml, each option widened to all its names in the option table."""
-    import tomllib
+    from safe_llama import state
 
-    raw = tomllib.loads((path or configs_dir() / "secrets.toml").read_text())
+    raw = state.load_toml(path or configs_dir() / "secrets.toml")
     named = {_normalise(str(o)) for o in raw["options"]}
     table = arg_table(tool)
     options = set(named)

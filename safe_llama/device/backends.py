@@ -6,11 +6,11 @@ Owns reading and checking those tables; must not probe a device (device_map appl
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import config_dir, configs_dir
 
@@ -53,12 +53,12 @@ def parse_backend_rules(data: Mapping[str, Any], where: str) -> dict[str, Backen
 def backend_rules(env: Mapping[str, str] = os.environ) -> dict[str, BackendRule]:
     """configs/backends.toml, each entry replaced by the user's config.toml [backends] entry of that key."""
     path = configs_dir(env) / "backends.toml"
-    rules = parse_backend_rules(tomllib.loads(path.read_text()), str(path))
+    rules = parse_backend_rules(state.load_toml(path), str(path))
     user = config_dir(env) / "config.toml"
     if user.is_file():
         try:
-            mine = tomllib.loads(user.read_text()).get("backends", {})
-        except (OSError, tomllib.TOMLDecodeError):
+            mine = state.load_toml(user).get("backends", {})
+        except (OSError, ValueError):
             return rules  # cmdline.launch_args reports a broken config file before any probe
         if not isinstance(mine, Mapping):
             raise SafeLlamaError(f"safe-llama: {user}: [backends] must be a table", ExitStatus.BAD_CONFIG)

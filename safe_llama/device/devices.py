@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +105,8 @@ def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
 
 def _read_profile(path: Path) -> DeviceProfile:
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        data = state.load_toml(path)
+    except (OSError, ValueError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
     return parse_profile(path.stem, str(path), data)
 
@@ -179,10 +177,10 @@ def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: b
     real = str(Path(binary).resolve())
     st = Path(real).stat()
     setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
-    key = hashlib.sha256(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}".encode()).hexdigest()
+    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}")
     # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
     # a rebuilt binary overwrites its own.
-    where = cache / f"llama-{hashlib.sha256(setting.encode()).hexdigest()[:16]}.json"
+    where = cache / f"llama-{state.digest(setting, 16)}.json"
     hit = None if refresh else _cache_load(where, key)
     if hit is not None:
         (payload, probed_at), cached = hit, True
@@ -221,7 +219,7 @@ def probe_opencl_cached(
     """The OpenCL probe (in a child process, see probe_opencl_isolated), cached under a key that changes
     with the ICD set-up and the GPUs sysfs shows with their drivers."""
     gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
-    key = hashlib.sha256("\n".join([fingerprint(env), *gpus]).encode()).hexdigest()
+    key = state.digest("\n".join([fingerprint(env), *gpus]))
     where = cache / "opencl.json"
     hit = None if refresh else _cache_load(where, key)
     if hit is not None:

@@ -8,7 +8,6 @@ nothing. Must not decide which device llama.cpp uses (device_map does).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safe_llama import state
 from safe_llama.device.proc import run_capture
 from safe_llama.errors import SafeLlamaError
 
@@ -122,7 +122,7 @@ def fingerprint(env: Mapping[str, str]) -> str:
         package = Path(spec.origin).parent
         parts.extend(_stat_text(p) for p in sorted(package.glob("_cl*.so")))
     parts.extend(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return state.digest("\n".join(parts))
 
 
 def opencl_library() -> ctypes.CDLL | None:

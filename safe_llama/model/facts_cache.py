@@ -7,7 +7,6 @@ model.facts' job.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +28,7 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str] = os.environ)
         raise SafeLlamaError(f"safe-llama: {model}: model file not found", ExitStatus.BAD_MODEL) from None
     except OSError as err:
         raise SafeLlamaError(f"safe-llama: {model}: {err.strerror}", ExitStatus.BAD_MODEL) from None
-    digest = hashlib.sha256(f"{FORMAT}|{key}".encode()).hexdigest()[:32]
+    digest = state.digest(f"{FORMAT}|{key}", 32)
     where = cache_dir(env) / "facts" / f"{digest}.json"
     cached = state.read_json(where)
     if isinstance(cached, dict):

@@ -5,14 +5,16 @@ Owns reading and validating the policy; what the values mean is the planner's bu
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 STEPS = ("stateful", "kv-q8", "kv-q4", "ctx", "ngl")
 
@@ -41,12 +43,20 @@ class Policy:
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
     openvino_q8: bool
-    failed_alloc_share: Fraction  # explain: a remedy's share of the failed allocation when no limit is known
+    failed_alloc_share_value: float  # failed_alloc_share as written in the TOML
     kv_f16_copy_backends: tuple[str, ...]  # [compute] kv_f16_copies
     compute: ComputeCosts
     process_per_vocab_token: int = 0
     process_per_cell: int = 0
     cpu_repack_types: frozenset[str] = frozenset()
+
+    @property
+    def failed_alloc_share(self) -> Fraction:
+        """explain: a remedy's share of the failed allocation when no limit is known, exact (0.75 is 3/4).
+        fractions is imported here, not on every launch (it pulls in decimal: 5 ms)."""
+        import fractions
+
+        return fractions.Fraction(str(self.failed_alloc_share_value))
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
         return table.get(backend, table.get("default"))
@@ -67,19 +77,18 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        return state.load_toml(path)
+    except (OSError, ValueError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
 
 
-def _share(value: Any) -> Fraction:
-    """A share strictly between 0 and 1, exact as written (0.75 is 3/4)."""
+def _share(value: Any) -> float:
+    """A share strictly between 0 and 1 (read exactly, as written, by Policy.failed_alloc_share)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError("a number between 0 and 1")
-    share = Fraction(str(value))
-    if not 0 < share < 1:
+    if not 0 < value < 1:
         raise ValueError(f"{value} is not between 0 and 1")
-    return share
+    return float(value)
 
 
 def load_policy(path: Path, user_config: Path | None = None) -> Policy:
@@ -150,7 +159,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),
         openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
-        failed_alloc_share=field("failed_alloc_share", _share),
+        failed_alloc_share_value=field("failed_alloc_share", _share),
         kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t["kv_f16_copies"])),
         compute=field(
             "compute",

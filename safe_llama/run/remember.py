@@ -7,7 +7,6 @@ budget from the same source); the file discipline (0700, 0600, atomic, no symlin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -56,7 +55,7 @@ def budget_source(detail: str, source: str) -> str:
 
 def key(identity: Identity) -> str:
     parts = {"format": FORMAT, **asdict(identity), "request": dict(identity.request)}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:40]
+    return state.digest(json.dumps(parts, sort_keys=True, default=str), 40)
 
 
 def _path(digest: str, env: Mapping[str, str]) -> Path:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import codecs
 import re
 import signal
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import configs_dir
 
@@ -171,10 +171,17 @@ def _parse_entry(entry: Any, where: str) -> Signature:
 
 def parse_table(text: str, where: str = "signatures") -> tuple[Signature, ...]:
     """The signatures of one TOML document, in file order. Invalid content raises BAD_CONFIG."""
+    import tomllib
+
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise SafeLlamaError(f"safe-llama: {where}: {err}", ExitStatus.BAD_CONFIG) from None
+    return parse_tables(raw, where)
+
+
+def parse_tables(raw: Mapping[str, Any], where: str = "signatures") -> tuple[Signature, ...]:
+    """The signatures of one TOML document already read, in file order. Invalid content raises BAD_CONFIG."""
     entries = raw.get("signature", [])
     if not isinstance(entries, list):
         raise SafeLlamaError(f"safe-llama: {where}: 'signature' must be an array of tables", ExitStatus.BAD_CONFIG)
@@ -201,10 +208,12 @@ def load_table(extra: Path | None = None, *, builtin: Path | None = None) -> Sig
         if path is None:
             continue
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = state.load_toml(path)
         except OSError as err:
             raise SafeLlamaError(f"safe-llama: {path}: {err.strerror}", ExitStatus.BAD_CONFIG) from None
-        tables.append(parse_table(text, str(path)))
+        except ValueError as err:
+            raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
+        tables.append(parse_tables(raw, str(path)))
     return merge_tables(tables[0], tables[1] if len(tables) > 1 else ())
 
 
