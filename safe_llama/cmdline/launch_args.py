@@ -7,6 +7,7 @@ Pure but for reading the config file.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -119,6 +120,8 @@ def _config_path(env: Mapping[str, str]) -> Any:
 
 def _config(env: Mapping[str, str]) -> dict[str, Any]:
     path = config_dir(env) / "config.toml"
+    if not os.path.lexists(path):
+        return {}
     from safe_llama import state  # only with a config file: the pass-through path stays light
 
     try:
