@@ -35,8 +35,8 @@ def cache_file(folder: Path) -> Path:
 
 
 def install(env: Mapping[str, str] = os.environ) -> bool:
-    """Serve dataclass methods from the cache from now on; False when this Python's dataclasses differ or the
-    cache folder cannot be used (then everything runs as without it)."""
+    """Serve dataclass methods from the cache from now on; False when this Python's dataclasses differ (then
+    nothing changes). An unusable cache folder only means compiling as Python would."""
     import dataclasses
 
     create = getattr(dataclasses, "_create_fn", None)
