@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from safe_llama.cmdline.rpc_args import parse_rpc_args
 from safe_llama.device.binaries import find_binary
+from safe_llama.device.probe_host import probe_host
+from safe_llama.run import supervise
+from safe_llama.run.readiness import ListenProbe
 from safe_llama.run.relay import Stream
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.run.signatures import Failure
-from safe_llama.run.supervise import Verdict
 from safe_llama.units import human
 
 
@@ -31,8 +33,8 @@ class _Ready:
         self._notifier = notifier
         self._where = where
 
-    def output(self, stream: Stream, data: bytes) -> Verdict:
-        return Verdict.CONTINUE
+    def output(self, stream: Stream, data: bytes) -> supervise.Verdict:
+        return supervise.Verdict.CONTINUE
 
     def ready(self) -> None:
         self._notifier.ready(f"listening on {self._where}")
@@ -52,10 +54,6 @@ def memory_note(advertised: int, limit: int | None, limit_name: str) -> str | No
 
 
 def run_rpc_server(args: Sequence[str], env: Mapping[str, str] = os.environ) -> int:
-    from safe_llama.device.probe_host import probe_host
-    from safe_llama.run import supervise
-    from safe_llama.run.readiness import ListenProbe
-
     supervise.check_not_nested(env)
     binary = find_binary("rpc-server", env=env)
     parsed = parse_rpc_args(args)
