@@ -80,6 +80,9 @@ IntegratedOpt = Annotated[
     bool | None, typer.Option("--integrated/--discrete", help="Declare the GPU integrated or not.")
 ]
 HostMemOpt = Annotated[str | None, typer.Option("--host-memory", help="Declare the host memory budget.")]
+RpcMemOpt = Annotated[
+    str | None, typer.Option("--rpc-memory", help="What each RPC worker may hold: HOST:PORT=SIZE[,...].")
+]
 LlamaBinOpt = Annotated[str | None, typer.Option("--llama-bin", help="The llama.cpp binary or its directory.")]
 LlamaVersionOpt = Annotated[
     str | None, typer.Option("--llama-version", help="Plan for this llama.cpp version (e.g. 0.4.1-dev).")
@@ -105,6 +108,7 @@ def plan(
     llama_bin: LlamaBinOpt = None,
     llama_version: LlamaVersionOpt = None,
     kv_split: KvSplitOpt = None,
+    rpc_memory: RpcMemOpt = None,
 ) -> None:
     """Show what llama.cpp will allocate for a command line, and the settings that fit."""
     from safe_llama.commands.plan import run_plan
@@ -113,6 +117,7 @@ def plan(
         tool=_check_tool(tool), args=list(args or []), json_out=json_out, ladder=ladder, min_ctx=min_ctx,
         profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
         host_memory=host_memory, llama_bin=llama_bin, llama_version=llama_version, kv_split=kv_split,
+        rpc_memory=rpc_memory,
     )  # fmt: skip
     if code:
         raise typer.Exit(code)

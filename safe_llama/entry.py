@@ -21,7 +21,7 @@ PLAN_OPTIONS = {
     "--json": ("json_out", False), "--ladder": ("ladder", True), "--min-ctx": ("min_ctx", True),
     "--profile": ("profile", True), "--max-alloc": ("max_alloc", True), "--device-memory": ("device_memory", True),
     "--integrated": ("integrated", False), "--discrete": ("integrated", False),
-    "--host-memory": ("host_memory", True), "--llama-bin": ("llama_bin", True),
+    "--host-memory": ("host_memory", True), "--llama-bin": ("llama_bin", True), "--rpc-memory": ("rpc_memory", True),
     "--llama-version": ("llama_version", True), "--kv-split": ("kv_split", False), "--kv-single": ("kv_split", False),
 }  # fmt: skip
 _FLAG_VALUES = {"--json": True, "--integrated": True, "--discrete": False, "--kv-split": True, "--kv-single": False}

@@ -22,6 +22,7 @@ class ExitStatus(enum.IntEnum):
     BAD_CONFIG = 66  # a config file or device profile is invalid
     NOTHING_FITS = 67  # no setting fits the device, even at the context floor
     RETRIES_EXHAUSTED = 68  # every attempt failed with an allocation error
+    WORKER_UNAVAILABLE = 69  # an RPC worker (--rpc) does not answer, or stopped and did not come back
     INTERNAL = 70  # a bug in safe-llama
     NOT_EXECUTABLE = 126
     NOT_FOUND = 127

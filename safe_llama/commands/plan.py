@@ -99,6 +99,7 @@ def run_plan(
     llama_bin: str | None = None,
     llama_version: str | None = None,
     kv_split: bool | None = None,
+    rpc_memory: str | None = None,
 ) -> int:
     """`safe-llama plan`: the same resolution as the launch (these options over SAFE_LLAMA_* over the config
     file), then the plan printed."""
@@ -110,7 +111,7 @@ def run_plan(
     typed = {
         "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
         "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
-        "llama_version": llama_version,
+        "llama_version": llama_version, "rpc_memory": rpc_memory,
         "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
     }  # fmt: skip
     given = {k: v for k, v in typed.items() if v is not None}

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ class DeviceReport:
     request: DeviceRequest
     declared: DeclaredLimits
     profile: DeviceProfile | None
+    rpc: ListedDevices | None = None  # the devices of the --rpc workers, as llama.cpp lists them
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,24 @@ def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: b
     )
 
 
+def probe_rpc(binary: Path, servers: str, *, env: Mapping[str, str]) -> ListedDevices:
+    """The RPC workers' devices as llama.cpp sees them (`<binary> --rpc SERVERS --list-devices`: it connects
+    to each). Not cached: a worker's memory and presence change while the head's binary does not. A worker
+    that does not answer aborts the listing: `problem` then names the endpoint llama.cpp could not reach."""
+    listing = run_capture(
+        [str(binary), "--rpc", servers, "--list-devices"], env={**env, "GGML_NO_BACKTRACE": "1"}, timeout=30.0
+    )
+    listed = parse_list_devices(listing.stdout, listing.stderr[-20000:])
+    rpc = tuple(d for d in listed.devices if d.backend == "rpc")
+    problem = listed.problem
+    if problem is None and listing.returncode != 0:
+        problem = f"exit status {listing.returncode}"
+    failed = next((line for line in listing.stderr.splitlines() if "Failed to connect to" in line), None)
+    if failed is not None:
+        problem = failed[failed.index("Failed to connect to") :].strip()
+    return ListedDevices(devices=rpc, problem=problem)
+
+
 def probe_opencl_cached(
     *, env: Mapping[str, str], cache: Path, sysfs: SysfsReport, refresh: bool = False
 ) -> tuple[OpenCLReport, bool]:
@@ -243,6 +262,7 @@ def probe_devices(
     roots: ProbeRoots = ProbeRoots(),
     binary_note: str = "",
     opencl_always: bool = True,
+    rpc_servers: str | None = None,
 ) -> DeviceReport:
     """Everything about the device a llama.cpp command line (args, and the env it will run with) targets.
 
@@ -250,7 +270,8 @@ def probe_devices(
     probes are cached under
     cache_dir(env)/probe/; `refresh` ignores the caches. With opencl_always False (the launch path),
     OpenCL is not probed when llama.cpp lists no device and sysfs shows no GPU: a CPU-only build on a
-    machine without GPUs has no OpenCL limit that could apply.
+    machine without GPUs has no OpenCL limit that could apply. `rpc_servers`: the --rpc list, whose
+    workers' devices are listed too (DeviceReport.rpc).
     """
     cache = cache_dir(env) / "probe"
     request = resolve_request(args, env)
@@ -297,6 +318,7 @@ def probe_devices(
         request=request,
         declared=declared,
         profile=profile,
+        rpc=probe_rpc(binary, rpc_servers, env=env) if binary is not None and rpc_servers else None,
     )
 
 
@@ -310,6 +332,7 @@ def declared_limits(
     device_memory: str | None = None,
     integrated: bool | None = None,
     host_memory: str | None = None,
+    rpc_memory: str | None = None,
     origins: Mapping[str, str] | None = None,
 ) -> DeclaredLimits:
     """DeclaredLimits from command-line text; a bad size is a usage error naming where it was set
@@ -334,5 +357,25 @@ def declared_limits(
         memory_bytes=size("--device-memory", device_memory),
         integrated=integrated,
         host_memory_bytes=size("--host-memory", host_memory),
+        rpc_memory=_rpc_memory(rpc_memory, where.get("rpc_memory", "--rpc-memory"), size),
         origins=tuple(sorted(where.items())),
     )
+
+
+def _rpc_memory(
+    text: str | None, option: str, size: Callable[[str, str | None], int | None]
+) -> tuple[tuple[str, int], ...]:
+    """`HOST:PORT=SIZE[,HOST:PORT=SIZE...]`: what each RPC worker may hold."""
+    if not text:
+        return ()
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        endpoint, eq, amount = part.rpartition("=")
+        if not eq or not endpoint or ":" not in endpoint:
+            raise SafeLlamaError(
+                f"safe-llama: {option}: '{part}' is not HOST:PORT=SIZE (e.g. 10.0.0.2:50052=12G)", ExitStatus.USAGE
+            )
+        value = size(option, amount)
+        assert value is not None
+        out[endpoint.strip()] = value
+    return tuple(sorted(out.items()))

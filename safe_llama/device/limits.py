@@ -51,6 +51,8 @@ class DeclaredLimits:
     memory_bytes: int | None = None
     integrated: bool | None = None
     host_memory_bytes: int | None = None  # the host budget, e.g. when planning for another machine
+    # what each RPC worker (host:port) may hold: its cgroup cap or GPU memory, which rpc-server does not report
+    rpc_memory: tuple[tuple[str, int], ...] = ()
     origins: tuple[tuple[str, str], ...] = ()  # (setting, where it was set) when not its own option
 
     def origin(self, setting: str, option: str) -> str:

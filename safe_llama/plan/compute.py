@@ -64,12 +64,17 @@ def compute_estimate(
     return ctx.n_ubatch * per_token + mask + logits + copies
 
 
+def input_mask_bytes(kv: KvPlan) -> int:
+    """The attention mask a graph takes as input: n_kv x n_ubatch, f16 with flash attention, f32 without."""
+    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
+    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4)
+
+
 def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:
     """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
     attention, f32 without) and the other inputs ([compute] host_inputs_bytes)."""
     costs = costs or packaged_compute_costs()
-    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
-    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4) + costs.host_inputs_bytes
+    return input_mask_bytes(kv) + costs.host_inputs_bytes
 
 
 def packaged_compute_costs() -> ComputeCosts:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
-from safe_llama.plan.compute import compute_estimate, host_compute_estimate
+from safe_llama.plan.compute import compute_estimate, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.policy import Policy
+from safe_llama.plan.split import balanced_split, device_names, free_split, layer_places, memory_of, slot_bytes
 from safe_llama.plan.target import Target, kv_splits
 from safe_llama.units import human
 
@@ -70,6 +71,8 @@ class Layout:
     devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
     split_mode: str = "layer"  # none: everything on the main GPU
     tensor_split: tuple[float, ...] = ()  # -ts proportions, per device
+    # no -ts from the user and RPC workers among the devices: the plan chooses the split (balanced_split)
+    balance: bool = False
     main_gpu: int = 0
     mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
     mmproj_offload: bool = True
@@ -96,39 +99,6 @@ def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
     return None
 
 
-def _device_names(target: Target, layout: Layout) -> list[str]:
-    if not target.on_gpu:
-        return []
-    if layout.devices and layout.split_mode != "none":
-        return list(layout.devices)
-    main = target.device or "GPU0"
-    if layout.devices and layout.split_mode == "none":
-        main = layout.devices[min(layout.main_gpu, len(layout.devices) - 1)]
-    return [main]
-
-
-def _layer_places(n_layer: int, offloaded: int, devices: Sequence[str], split: Sequence[float]) -> list[str]:
-    """llama.cpp's layer assignment: the last `offloaded` layers go to the devices, in -ts proportions
-    (equal shares when -ts is not given: the free-memory split cannot be known here)."""
-    places = ["host"] * n_layer
-    if not devices or offloaded <= 0:
-        return places
-    shares = [max(x, 0.0) for x in split[: len(devices)]] + [0.0] * (len(devices) - len(split[: len(devices)]))
-    if not any(shares):
-        shares = [1.0] * len(devices)
-    total = sum(shares)
-    bounds, acc = [], 0.0
-    for share in shares:
-        acc += share / total
-        bounds.append(acc)
-    start = n_layer - offloaded
-    for il in range(start, n_layer):
-        at = (il - start) / offloaded
-        idx = next((i for i, b in enumerate(bounds) if at < b - 1e-9), len(devices) - 1)
-        places[il] = devices[idx]
-    return places
-
-
 def _model_memory(
     facts: ModelFacts,
     n_gpu_layers: int | None,
@@ -152,7 +122,7 @@ def _model_memory(
     n_layer = max(facts.block_count, 1)
     # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
     offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
-    places = _layer_places(n_layer, min(offloaded, n_layer), devices, split)
+    places = layer_places(n_layer, offloaded, devices, split)
     tensors = facts.tensors or tuple(
         [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
     )
@@ -162,12 +132,12 @@ def _model_memory(
         if name.startswith("blk."):
             head = name[4:].partition(".")[0]
             il = int(head) if head.isdigit() else None
-        if il is not None and il < len(places):
+        if il is not None and il < n_layer:
             place = places[il]
         elif name.startswith("token_embd") or not devices:
             place = "host"  # llama.cpp keeps the input embeddings on the CPU
         else:
-            place = devices[-1] if offloaded > n_layer else "host"
+            place = places[n_layer]  # the output layer
         rule = _placed(name, overrides)
         if rule is not None:
             place = "host" if rule.to_host else rule.buffer_type
@@ -178,18 +148,38 @@ def _model_memory(
     if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
         # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
         # device (TENSOR_DUPLICATED); on the host the two are one mapping
-        add(devices[-1], "weights", dict(tensors)["token_embd.weight"])
+        add(places[n_layer], "weights", dict(tensors)["token_embd.weight"])
     if kv is not None:
         for cache in kv.caches:
             per_layer = cache.total_bytes // max(cache.layers, 1)
             kv_layers = [il for il, layer in enumerate(facts.layers) if layer.has_kv][: cache.layers]
             placed = 0
             for il in kv_layers:
-                place = places[il] if kv_offload and il < len(places) else "host"
+                place = places[il] if kv_offload and il < n_layer else "host"
                 add(place, "kv", per_layer)
                 placed += per_layer
             add("host", "kv", cache.total_bytes - placed)
     return out
+
+
+def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tuple[int, ...] | None:
+    """The -ts (layers per device) the plan sets over RPC workers at these settings: balanced_split over each
+    device's memory less its compute buffer and, on a worker, the worker's own memory. None: a device whose
+    memory is not known, or no split that fits."""
+    layout = settings.layout
+    devices = device_names(target, layout.devices, layout.split_mode, layout.main_gpu)
+    kv = plan_kv(facts, settings.kv)
+    kv_offload = layout.kv_offload and not settings.stateful
+    even = replace(settings, layout=replace(layout, balance=False, tensor_split=tuple(1.0 for _ in devices)))
+    held = memory_by_place(facts, even, target)
+    room = []
+    for name in devices:
+        memory = memory_of(target, name)
+        if memory is None:
+            return None
+        fixed = held.get(name, {})
+        room.append(memory.value - fixed.get("compute", 0) - fixed.get("worker", 0))
+    return balanced_split(slot_bytes(facts, kv, kv_offload), room)
 
 
 def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
@@ -201,24 +191,9 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     """
     layout = settings.layout
     kv = plan_kv(facts, settings.kv)
-    devices = _device_names(target, layout)
+    devices = device_names(target, layout.devices, layout.split_mode, layout.main_gpu)
     kv_offload = layout.kv_offload and not settings.stateful
-    repack = target.cpu_repack_types
-    out = _model_memory(
-        facts, settings.n_gpu_layers, layout.overrides, devices, layout.tensor_split, kv, kv_offload, repack
-    )
-    out.setdefault("host", {})
-
-    def add(place: str, item: str, size: int) -> None:
-        if size:
-            out.setdefault(place, {}).setdefault(item, 0)
-            out[place][item] += size
-
     main = devices[min(layout.main_gpu, len(devices) - 1)] if devices else "host"
-    if target.integrated or target.backend == "openvino":
-        # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
-        for place in devices:
-            add("host", "kv", out.get(place, {}).get("kv", 0))
     costs = target.compute_costs
     # the whole KV in host memory while a device runs the graph (its op offload copies K and V over)
     kv_on_host = main != "host" and layout.op_offload and (not kv_offload or settings.n_gpu_layers == 0)
@@ -226,18 +201,57 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, kv_on_host=kv_on_host, costs=costs
     )
     compute += target.compute_extra
-    add(main, "compute", compute)
+    n_layer = max(facts.block_count, 1)
+    ngl = settings.n_gpu_layers
+    offloaded = n_layer + 1 if ngl is None or ngl < 0 else min(ngl, n_layer + 1)
+    # several devices running all layers: llama.cpp pipelines them, each keeping copies of its graph inputs
+    pipelined = (
+        len(devices) > 1
+        and offloaded > n_layer
+        and layout.split_mode == "layer"
+        and kv_offload
+        and not layout.overrides
+    )
+    copies = (target.pipeline_copies - 1) * input_mask_bytes(kv) if pipelined else 0
+    split = layout.tensor_split or free_split(target, devices)
+    if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
+        chosen = planned_split(facts, settings, target)
+        split = tuple(float(x) for x in chosen) if chosen is not None else split
+    repack = target.cpu_repack_types
+    out = _model_memory(facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack)
+    out.setdefault("host", {})
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    if target.integrated or target.backend == "openvino":
+        # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
+        for place in devices:
+            add("host", "kv", out.get(place, {}).get("kv", 0))
+    if len(devices) > 1:
+        # every device that runs layers reserves its own graph (with its copies of the inputs, pipelined)
+        holders = set(layer_places(n_layer, offloaded, devices, split)[:n_layer])
+        for place in devices:
+            if place in holders:
+                add(place, "compute", compute + copies)
+    else:
+        add(main, "compute", compute)
+    for remote in target.remote:
+        if remote.name in devices:
+            add(remote.name, "worker", target.worker_overhead)
     if main != "host" and not target.integrated:
         # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
         # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add("host", "compute", host_compute_estimate(kv, costs))
+        add("host", "compute", host_compute_estimate(kv, costs) + copies)
     if layout.mmproj_bytes:
         add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
         draft = layout.draft
         draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, layout.tensor_split, draft_kv, kv_offload, repack
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack
         )
         for place, items in part.items():
             for item, size in items.items():
@@ -297,30 +311,27 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                     subject = f"{cache.kind} {subject}"
                 out.append(Allocation(label, int(size * device_share), limit, limit_name, subject, per_alloc, n_ctx))
     fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
-    if target.on_gpu and target.device_memory is not None and not target.integrated:
-        usable = int(target.device_memory.value * (1 - fraction))
-        total = human(target.device_memory.value)
-        for place, items in places.items():
-            if place == "host":
-                continue
-            what = ", ".join(k.replace("_", " ") for k in items)
-            usable_words = (
-                f"its {human(usable)} usable ({total} {_origin(target.device_memory)}{_margin_words(fraction)})"
+    remote = {r.name: r for r in target.remote}
+    for place, items in places.items():
+        memory = memory_of(target, place)
+        if memory is None:
+            continue
+        usable = int(memory.value * (1 - fraction))
+        total = human(memory.value)
+        what = ", ".join(k.replace("_", " ") for k in items)
+        label = remote[place].label if place in remote else place
+        plain = place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
+        out.append(
+            Allocation(
+                "device total (weights, KV, compute estimate)" if plain else f"{label} total ({what})",
+                sum(items.values()),
+                usable,
+                f"device memory {total} ({_origin(memory)}){_margin_words(fraction)}",
+                f"{label} ({what.replace('kv', 'KV')})",
+                f"its {human(usable)} usable ({total} {_origin(memory)}{_margin_words(fraction)})",
+                n_ctx,
             )
-            out.append(
-                Allocation(
-                    "device total (weights, KV, compute estimate)"
-                    if place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
-                    else f"{place} total ({what})",
-                    sum(items.values()),
-                    usable,
-                    f"device memory {human(target.device_memory.value)} ({_origin(target.device_memory)})"
-                    f"{_margin_words(fraction)}",
-                    f"{place} ({what.replace('kv', 'KV')})",
-                    usable_words,
-                    n_ctx,
-                )
-            )
+        )
     host = places.get("host", {})
     draft = layout.draft.facts if layout.draft else None
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))

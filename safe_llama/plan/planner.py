@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, ctx_unit, plan_kv
-from safe_llama.plan.memory import Allocation, Layout, Settings, allocations
+from safe_llama.plan.memory import Allocation, Layout, Settings, allocations, planned_split
 from safe_llama.plan.policy import Policy
+from safe_llama.plan.split import device_names
 from safe_llama.plan.target import STATEFUL_ENV, Target, atoi
 from safe_llama.units import human
 
@@ -94,6 +95,22 @@ def describe(a: Allocation) -> str:
     return f"{a.subject or a.name} {human(a.bytes)}{at} is {where} {a.limit_words or a.limit_name}"
 
 
+def _split_words(split: Sequence[int], target: Target, devices: Sequence[str]) -> str:
+    remote = {r.name: r for r in target.remote}
+    parts = []
+    for name, layers in zip(devices, split, strict=False):
+        if name in remote:
+            r = remote[name]
+            name = f"{r.name} {r.endpoint} ({human(r.memory.value)} {r.memory.source})"
+        parts.append(f"{layers} on {name}")
+    reported = sorted({human(r.free_bytes) for r in target.remote})
+    return (
+        f"-ts {','.join(str(x) for x in split)}: layers (and the output layer, last) {', '.join(parts)}, so each "
+        f"device keeps the same share of its memory free (llama.cpp would split by the {' / '.join(reported)} "
+        "each worker reports free)"
+    )
+
+
 def plan(
     facts: ModelFacts,
     request: KvRequest,
@@ -147,6 +164,14 @@ def plan(
                 " so glibc's per-thread arenas (64 MiB of address space each) cannot exhaust it",
             )
         )
+    devices = device_names(target, settings.layout.devices, settings.layout.split_mode, settings.layout.main_gpu)
+    if (
+        target.remote
+        and len(devices) > 1
+        and not settings.layout.tensor_split
+        and settings.layout.split_mode == "layer"
+    ):
+        settings = replace(settings, layout=replace(settings.layout, balance=True))
     ctx_applied = False
     ctx_reason = ""
     for step in steps:
@@ -224,6 +249,11 @@ def plan(
             at = next(i for i, step in enumerate(taken) if step.name == "ctx")
             taken[at] = Step("ctx", f"{ctx_reason}{best}, the largest that fits with the steps after it")
     allocs = allocations(facts, settings, target, policy)
+    split = planned_split(facts, settings, target) if settings.layout.balance else None
+    if split is not None and all(a.fits for a in allocs):
+        settings = replace(settings, layout=replace(settings.layout, tensor_split=tuple(float(x) for x in split)))
+        changes["--tensor-split"] = ",".join(str(x) for x in split)
+        taken.insert(0, Step("split", _split_words(split, target, devices)))
     if not all(a.fits for a in allocs):
         worst = _worst(allocs)
         raise SafeLlamaError(

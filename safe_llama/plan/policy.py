@@ -49,6 +49,8 @@ class Policy:
     process_per_vocab_token: int = 0
     process_per_cell: int = 0
     cpu_repack_types: frozenset[str] = frozenset()
+    rpc_worker_overhead: int = 0  # what an rpc-server keeps resident beside the buffers it holds
+    pipeline_copies: int = 1  # the graph inputs' copies when llama.cpp pipelines layers over several devices
 
     @property
     def failed_alloc_share(self) -> Fraction:
@@ -170,4 +172,6 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
         process_per_cell=field("process_bytes_per_cell", int, 0),
         cpu_repack_types=field("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),
+        rpc_worker_overhead=field("rpc_worker_overhead_bytes", int, 0),
+        pipeline_copies=field("pipeline_copies", int, 1),
     )

@@ -7,18 +7,34 @@ Owns that view of the machine for the planner; must not probe (device/ does) nor
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.host_budget import HostBudget, HostLimit
 from safe_llama.device.limits import DeviceProfile, Sourced
+from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.plan.policy import ComputeCosts, Policy
+from safe_llama.units import human
 
 GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
 
 
 STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
+
+
+@dataclass(frozen=True)
+class RemoteDevice:
+    """A device on an RPC worker (`--rpc host:port`), as llama.cpp lists it, and what it may hold."""
+
+    name: str  # llama.cpp's device name: RPC0, RPC1, ... (in --rpc order)
+    endpoint: str  # host:port
+    free_bytes: int  # what the worker reports free: llama.cpp's default split weighs devices by it
+    memory: Sourced[int]  # what the plan may use there: declared (a cgroup cap, a GPU), learned, or reported
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.endpoint})"
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,10 @@ class Target:
     # every host limit, each checked with its own accounting; empty: host_budget alone, as RAM (or as
     # address space when address_space_budget)
     host_limits: tuple[HostLimit, ...] = ()
+    # devices on RPC workers: llama.cpp puts them before the local GPUs and splits layers over all of them
+    remote: tuple[RemoteDevice, ...] = ()
+    worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
+    pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
 
     @property
     def limits_on_host(self) -> tuple[HostLimit, ...]:
@@ -128,8 +148,37 @@ def target_from(
     )
 
 
+def remote_devices(listed: Sequence[LlamaDevice], declared: Sequence[tuple[str, int]]) -> tuple[RemoteDevice, ...]:
+    """The RPC workers' devices with what each may hold: a declared budget (the worker's cgroup cap or GPU,
+    which rpc-server does not report), else what it reports free (with_worker_caps lowers it after a failure)."""
+    budgets = dict(declared)
+    out = []
+    for device in listed:
+        endpoint = device.description.strip()
+        memory = Sourced(device.free_bytes, "probed", f"{endpoint} reports {human(device.free_bytes)} free")
+        if endpoint in budgets:
+            memory = Sourced(budgets[endpoint], "declared", f"--rpc-memory {endpoint}={human(budgets[endpoint])}")
+        out.append(RemoteDevice(device.name, endpoint, device.free_bytes, memory))
+    return tuple(out)
+
+
 def with_learned(target: Target, learned_max_alloc: int | None) -> Target:
     """The target with a max allocation the device itself named in a failed start (when it is lower)."""
     if learned_max_alloc is None or (target.max_alloc is not None and target.max_alloc.value <= learned_max_alloc):
         return target
     return replace(target, max_alloc=Sourced(learned_max_alloc, "learned", "from the device's own error message"))
+
+
+def with_worker_caps(target: Target, caps: Sequence[tuple[str, int]]) -> Target:
+    """The target with RPC workers' memory lowered to what a failed start showed they cannot exceed."""
+    if not caps:
+        return target
+    lowered = dict(caps)
+    why = "stopped during a start that needed more"
+    remote = tuple(
+        replace(r, memory=Sourced(lowered[r.endpoint], "learned", f"{r.endpoint} {why}"))
+        if r.endpoint in lowered and lowered[r.endpoint] < r.memory.value
+        else r
+        for r in target.remote
+    )
+    return replace(target, remote=remote)

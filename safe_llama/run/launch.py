@@ -160,6 +160,12 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         if attempt >= options.attempts:
             say(f"attempt {attempt} failed: {failure.line or failure.kind}; no attempts left", "error")
             return int(ExitStatus.RETRIES_EXHAUSTED)
+        if failure.stage == "worker" and prepared.plan is not None and prepared.target.remote:
+            # an RPC worker stopped: the same KV with a smaller share for that worker is the next plan
+            plan_options = _after_lost_worker(prepared, plan_options, failure, attempt, say)
+            prepared = replan(prepared, plan_options, env)
+            last_kv, stepped = None, False
+            continue
         last_kv = kv_now
         lower = replan(prepared, replace(plan_options, kv_cap=None, margin_scale=1.0), env).plan
         lesson = learn(
@@ -180,6 +186,41 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
         prepared = replan(prepared, plan_options, env)
         stepped = _cap_binds(prepared, plan_options, env)
+
+
+WORKER_WAIT = 30.0  # seconds a worker that stopped may take to answer again (systemd restarts it in 0.1 s)
+
+
+def _after_lost_worker(
+    prepared: Prepared, options: PlanOptions, failure: Failure, attempt: int, say: Say
+) -> PlanOptions:
+    """Name the RPC worker that stopped, wait (bounded) until it answers again, and cap its next share."""
+    from safe_llama.plan.memory import memory_by_place
+    from safe_llama.run import workers
+    from safe_llama.run.retry import worker_cap
+
+    assert prepared.plan is not None
+    places = memory_by_place(prepared.facts, prepared.plan.settings, prepared.target)
+    held = {r.name: sum(places.get(r.name, {}).values()) for r in prepared.target.remote}
+    found = workers.lost_worker(prepared.target.remote, lambda r: held[r.name] / max(r.memory.value, 1))
+    assert found is not None
+    worker, seen = found
+    caps = dict(options.worker_caps)
+    cap = worker_cap(held[worker.name], caps.get(worker.endpoint))
+    caps[worker.endpoint] = cap
+    how = "stopped during the start" if seen else "most likely stopped (all answer again; it was the fullest)"
+    say(
+        f"attempt {attempt} failed: RPC worker {worker.label} {how}, with {human(held[worker.name])} planned there "
+        f"({failure.line or failure.kind}); retrying with at most {human(cap)} on it",
+        "warning",
+    )
+    if seen and not workers.wait_back(worker.endpoint, WORKER_WAIT):
+        raise SafeLlamaError(
+            f"safe-llama: RPC worker {worker.label} stopped during the start and did not answer again within "
+            f"{WORKER_WAIT:.0f} s",
+            ExitStatus.WORKER_UNAVAILABLE,
+        )
+    return replace(options, worker_caps=tuple(sorted(caps.items())))
 
 
 def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:

@@ -30,6 +30,7 @@ def plan_options(
     llama_bin: str | None,
     llama_version: str | None,
     kv_split: bool | None,
+    rpc_memory: str | None = None,
     origins: Mapping[str, str] | None = None,
 ) -> PlanOptions:
     from safe_llama.device.devices import declared_limits
@@ -47,7 +48,7 @@ def plan_options(
         raise SafeLlamaError("safe-llama: --min-ctx: must be at least 1", ExitStatus.USAGE)
     declared = declared_limits(
         profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
-        host_memory=host_memory, origins=origins,
+        host_memory=host_memory, rpc_memory=rpc_memory, origins=origins,
     )  # fmt: skip
     return PlanOptions(
         ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
@@ -78,6 +79,7 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
         device_memory=settings.get("device_memory"),
         integrated=integrated,
         host_memory=settings.get("host_memory"),
+        rpc_memory=settings.get("rpc_memory"),
         llama_bin=settings.get("bin_dir"),
         llama_version=settings.get("llama_version"),
         kv_split=None,

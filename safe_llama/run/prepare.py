@@ -14,6 +14,7 @@ from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
 from safe_llama.device.limits import DeclaredLimits
+from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
@@ -22,7 +23,7 @@ from safe_llama.paths import config_dir, configs_dir
 from safe_llama.plan.memory import Draft, Layout, Override
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
-from safe_llama.plan.target import Target, target_from, with_learned
+from safe_llama.plan.target import Target, remote_devices, target_from, with_learned, with_worker_caps
 from safe_llama.units import human
 
 
@@ -40,6 +41,7 @@ class PlanOptions:
     kv_cap: int | None = None  # after a failed start: stay at or under this much KV
     compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
     margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
+    worker_caps: tuple[tuple[str, int], ...] = ()  # after a worker stopped during a start: (host:port, bytes)
 
 
 DEFAULT_ATTEMPTS = 4
@@ -139,13 +141,7 @@ def prepare(
 
     cmd = parse(tool, args, env)
     rpc = cmd.value("--rpc")
-    if isinstance(rpc, str) and rpc:
-        # devices on RPC workers: llama.cpp splits layers by their reported free memory, which this plan does
-        # not model yet; planning for the local device alone would be wrong in both directions
-        raise SafeLlamaError(
-            f"safe-llama: --rpc {rpc}: devices on RPC workers are not planned; llama.cpp's own fit decides",
-            ExitStatus.USAGE,
-        )
+    servers = rpc if isinstance(rpc, str) and rpc else None
     req = to_request(cmd)
     source = resolve(cmd, env)
     path = model_path_for(source, env)
@@ -157,7 +153,21 @@ def prepare(
         if options.llama_bin:
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
-    report = probe_devices(binary=binary, args=args, env=env, declared=options.declared, opencl_always=False)
+    report = probe_devices(
+        binary=binary, args=args, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers
+    )
+    listed_rpc: tuple[LlamaDevice, ...] = ()
+    if servers is not None:
+        if report.rpc is None:
+            raise SafeLlamaError(
+                f"safe-llama: --rpc {servers}: no llama.cpp binary to list the workers' devices", ExitStatus.USAGE
+            )
+        if report.rpc.problem is not None or not report.rpc.devices:
+            raise SafeLlamaError(
+                f"safe-llama: --rpc {servers}: {report.rpc.problem or 'no worker device listed'}",
+                ExitStatus.WORKER_UNAVAILABLE,
+            )
+        listed_rpc = report.rpc.devices
     version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
     target = target_from(
         report.target,
@@ -167,6 +177,7 @@ def prepare(
         kv_split=options.kv_split,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
+    target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
     prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes)
     return replan(prepared, options, env)
 
@@ -175,7 +186,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     """The plan again for the same model and device, with what was learned (a device limit, a KV cap):
     no file or device is read again."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
-    target = with_learned(prepared.target, options.learned_max_alloc)
+    target = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps)
     target = replace(
         target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
     )
@@ -185,6 +196,8 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,
         cpu_repack_types=policy.cpu_repack_types,
         compute_costs=policy.compute,
+        worker_overhead=policy.rpc_worker_overhead,
+        pipeline_copies=policy.pipeline_copies,
     )
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None

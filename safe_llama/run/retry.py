@@ -21,6 +21,10 @@ _NEWS = 1.01
 
 Margin = Literal["keep", "band"]
 
+# A worker that stopped during a start held more than it can: its next share is at most this much of what
+# the failed plan put there (its real limit is unknown: rpc-server reports its host's RAM, not its cgroup's).
+WORKER_SHARE = 0.75
+
 
 @dataclass(frozen=True)
 class Attempt:
@@ -98,3 +102,10 @@ def _what_failed(failure: Failure, attempt: Attempt) -> str:
     named = {"kv": "the KV cache", "compute": "the compute buffers", "thread": "a thread's stack"}
     thing = named.get(failure.stage or "", "the start")
     return f"{thing} did not fit with {human(attempt.kv_bytes)} of KV"
+
+
+def worker_cap(planned_bytes: int, cap_before: int | None) -> int:
+    """What a worker that stopped may hold next: WORKER_SHARE of what the failed plan put there, and never
+    more than an earlier cap."""
+    cap = int(planned_bytes * WORKER_SHARE)
+    return cap if cap_before is None else min(cap, cap_before)

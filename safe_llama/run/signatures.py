@@ -27,7 +27,7 @@ MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
 
 GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"})
 # What a failed allocation was for, where a line says so: the retry sizes the next plan from it.
-Stage = Literal["kv", "compute", "weights", "output", "thread"]
+Stage = Literal["kv", "compute", "weights", "output", "thread", "worker"]
 STAGES: tuple[str, ...] = get_args(Stage)
 MIB = 1024 * 1024
 # A longer line is matched on its first MAX_LINE characters, so memory stays bounded.

@@ -83,16 +83,25 @@ def test_override_tensor_to_another_device() -> None:
 
 
 def test_ngl_keeps_the_first_layers_and_their_kv_on_the_host() -> None:
-    mem = place(Layout(), ngl=1)
-    assert mem["CUDA0"]["weights"] == 40 * MIB  # the last layer only, not the output
+    # llama.cpp offloads the output layer first (`offloading output layer to GPU`), then the last layers
+    one = place(Layout(), ngl=1)
+    assert one["CUDA0"]["weights"] == 5 * MIB and "kv" not in one["CUDA0"]
+    mem = place(Layout(), ngl=2)
+    assert mem["CUDA0"]["weights"] == 40 * MIB + 5 * MIB  # the last layer and the output
     assert mem["host"]["kv"] == 3 * mem["CUDA0"]["kv"]
 
 
 def test_tensor_split_over_two_devices() -> None:
+    # llama.cpp splits the n_layer + 1 slots (the output layer last): at -ts 3,1 slot i goes to the first
+    # device whose cumulative share is above i / 5, so 4 layers land on CUDA0 and the output alone on CUDA1
+    # (as the real llama-server put all 6 layers of a 6-layer model on one RPC worker at -ts 3,1)
     mem = place(Layout(devices=("CUDA0", "CUDA1"), tensor_split=(3.0, 1.0)))
-    assert mem["CUDA0"]["weights"] == 3 * 40 * MIB
-    assert mem["CUDA1"]["weights"] == 40 * MIB + 5 * MIB  # the output goes with the last layer
-    assert mem["CUDA0"]["kv"] == 3 * mem["CUDA1"]["kv"]
+    assert mem["CUDA0"]["weights"] == 4 * 40 * MIB
+    assert mem["CUDA1"]["weights"] == 5 * MIB and "kv" not in mem["CUDA1"]
+    even = place(Layout(devices=("CUDA0", "CUDA1")))
+    assert even["CUDA0"]["weights"] == 3 * 40 * MIB  # slots 0-2 of 5 below the 0.5 share
+    assert even["CUDA1"]["weights"] == 40 * MIB + 5 * MIB
+    assert even["CUDA0"]["kv"] == 3 * even["CUDA1"]["kv"]
     none = place(Layout(devices=("CUDA0", "CUDA1"), split_mode="none", main_gpu=1))
     assert set(none) == {"CUDA1", "host"}
 

@@ -190,6 +190,16 @@ LINES = [
         id="quantized-v-without-flash-attn",
     ),
     pytest.param(
+        log_line("server-rpc-worker-oom.log", "Remote RPC server crashed"),
+        ("rpc-worker-lost", "alloc", None, None, None),
+        id="rpc-worker-killed-by-its-cgroup",
+    ),
+    pytest.param(
+        log_line("server-rpc-connect.log", "Failed to connect to"),
+        ("rpc-connect", "not_memory", None, None, "127.0.0.1:50199"),
+        id="rpc-worker-not-listening",
+    ),
+    pytest.param(
         log_line("server-port-in-use.log", "couldn't bind"),
         ("http-bind", "not_memory", None, None, None),
         id="port-in-use",
