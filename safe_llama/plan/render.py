@@ -97,6 +97,10 @@ def decision_result(
             "device_memory": _sourced(target.device_memory),
             "host_budget": _sourced(target.host_budget),
             "binary_version": target.binary_version,
+            "rpc": [
+                {"name": r.name, "endpoint": r.endpoint, "free": r.free_bytes, "memory": _sourced(r.memory)}
+                for r in target.remote
+            ],
         },
         "fits": decided is not None,
     }

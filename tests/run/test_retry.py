@@ -84,3 +84,10 @@ def test_a_cap_never_grows_back() -> None:
         Attempt(1000, 0), _failure("server-kv-oom.log"), Learned(kv_cap=100), lower_kv=None, search_band=False
     )
     assert lesson.learned.kv_cap == 100
+
+
+def test_a_worker_that_stopped_gets_a_smaller_share() -> None:
+    from safe_llama.run.retry import WORKER_SHARE, worker_cap
+
+    assert worker_cap(400, None) == int(400 * WORKER_SHARE) < 400
+    assert worker_cap(400, 100) == 100  # never above an earlier cap

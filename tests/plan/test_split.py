@@ -1,0 +1,81 @@
+"""llama.cpp's layer split over several devices (RPC workers first), and the balanced split the plan sets."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from safe_llama.device.limits import Sourced
+from safe_llama.plan.split import balanced_split, device_names, free_split, layer_places
+from safe_llama.plan.target import RemoteDevice, Target
+
+MIB = 1 << 20
+
+
+def _target(**kw: object) -> Target:
+    remote = tuple(
+        RemoteDevice(f"RPC{i}", f"127.0.0.1:{5000 + i}", 24000 * MIB, Sourced(mib * MIB, "declared", "test"))
+        for i, mib in enumerate((400, 200))
+    )
+    base = Target(backend="cpu", host_budget=Sourced(64 << 30, "declared", "test"), remote=remote)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_layer_places_are_llama_cpps() -> None:
+    """Checked against the real llama-server over two ggml-rpc-servers (6-layer model, -ngl 99): without -ts
+    (equal free memory) 112.02 MiB = layers 0-3 on the first, 56.65 MiB = layers 4-5 and the output on the
+    second; at -ts 3,1, 168.02 MiB = all six layers on the first and 0.64 MiB = the output on the second."""
+    even = layer_places(6, 7, ["RPC0", "RPC1"], [24105.0, 24105.0])
+    assert even == ["RPC0"] * 4 + ["RPC1"] * 3
+    assert layer_places(6, 7, ["RPC0", "RPC1"], [3.0, 1.0]) == ["RPC0"] * 6 + ["RPC1"]
+    # whole-layer counts as -ts land exactly: 5 slots, 4 slots, 4 slots
+    assert layer_places(12, 13, ["A", "B", "C"], [5.0, 4.0, 4.0]) == ["A"] * 5 + ["B"] * 4 + ["C"] * 4
+    # -ngl 1 offloads the output layer only, -ngl 3 the output and the last two layers
+    assert layer_places(6, 1, ["RPC0"], []) == ["host"] * 6 + ["RPC0"]
+    assert layer_places(6, 3, ["RPC0"], []) == ["host"] * 4 + ["RPC0"] * 3
+
+
+def test_device_names_put_rpc_workers_first() -> None:
+    assert device_names(_target()) == ["RPC0", "RPC1"]
+    cuda = _target(on_gpu=True, device="CUDA0", backend="cuda")
+    assert device_names(cuda) == ["RPC0", "RPC1", "CUDA0"]
+    assert device_names(cuda, split_mode="none", main_gpu=2) == ["CUDA0"]
+    assert device_names(cuda, given=("CUDA0",)) == ["CUDA0"]
+    assert device_names(_target(remote=())) == []
+
+
+def test_free_split_is_what_the_workers_report() -> None:
+    target = _target()
+    assert free_split(target, ["RPC0", "RPC1"]) == (24000.0 * MIB, 24000.0 * MIB)
+    assert free_split(replace(target, on_gpu=True, device="CUDA0"), ["RPC0", "RPC1", "CUDA0"]) == ()
+
+
+def _slack(slots: list[int], room: list[int], counts: tuple[int, ...]) -> float:
+    at, worst = 0, 1.0
+    for space, n in zip(room, counts, strict=True):
+        load = sum(slots[at : at + n])
+        at += n
+        worst = min(worst, (space - load) / space)
+    return worst
+
+
+def test_balanced_split_leaves_every_device_the_best_equal_share() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        slots = [rng.randint(1, 50) for _ in range(rng.randint(2, 12))]
+        room = [rng.randint(20, 300) for _ in range(rng.randint(2, 3))]
+        got = balanced_split(slots, room)
+        splits = [
+            c
+            for c in itertools.product(range(len(slots) + 1), repeat=len(room))
+            if sum(c) == len(slots) and _slack(slots, room, c) >= 0
+        ]
+        if not splits:
+            assert got is None
+            continue
+        assert got is not None and sum(got) == len(slots) and _slack(slots, room, got) >= 0
+        best = max(_slack(slots, room, c) for c in splits)
+        assert _slack(slots, room, got) == pytest.approx(best, abs=0.02)
