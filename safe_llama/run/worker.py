@@ -43,13 +43,14 @@ class _Ready:
         return None
 
 
-def memory_note(advertised: int, limit: int | None, limit_name: str) -> str | None:
+def memory_note(advertised: int, limit: int | None, limit_name: str, endpoint: str = "HOST:PORT") -> str | None:
     """The line for a worker whose advertised memory is above what it may use here; None when it is not."""
     if limit is None or limit >= advertised:
         return None
     return (
         f"rpc-server offers the head {human(advertised)} (host RAM) but {limit_name} lets it use {human(limit)}: "
-        "give this worker at most that share on the head (--tensor-split), or it may be sent too much"
+        f"declare it on the head (safe-llama --rpc-memory {endpoint}={limit // (1 << 20)}M ...), which then "
+        "gives this worker a share it can hold"
     )
 
 
@@ -64,11 +65,11 @@ def run_rpc_server(args: Sequence[str], env: Mapping[str, str] = os.environ) -> 
     limit, name = None, ""
     if host.cgroup is not None and host.cgroup.max_bytes is not None:
         limit, name = host.cgroup.max_bytes, f"its cgroup ({host.cgroup.limit_dir})"
+    where = f"{parsed.host}:{parsed.port}"
     if not parsed.devices or any(d.upper().startswith("CPU") for d in parsed.devices):
-        note = memory_note(host.total_bytes, limit, name)
+        note = memory_note(host.total_bytes, limit, name, where)
         if note:
             say(note, "warning")
-    where = f"{parsed.host}:{parsed.port}"
     notifier = Notifier(env)
     try:
         outcome = supervise.launch(

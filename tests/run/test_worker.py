@@ -36,8 +36,9 @@ def test_listening_reads_the_kernels_table() -> None:
 def test_memory_note() -> None:
     assert memory_note(24 * GIB, None, "") is None
     assert memory_note(24 * GIB, 32 * GIB, "its cgroup (/x)") is None
-    note = memory_note(24 * GIB, GIB, "its cgroup (/x)")
-    assert note is not None and "24.00 GiB" in note and "1.00 GiB" in note and "--tensor-split" in note
+    note = memory_note(24 * GIB, GIB, "its cgroup (/x)", "10.0.0.2:50052")
+    assert note is not None and "24.00 GiB" in note and "1.00 GiB" in note
+    assert "--rpc-memory 10.0.0.2:50052=1024M" in note
 
 
 def _env(llama_bin: Path, clean_env: dict[str, str], **extra: str) -> dict[str, str]:
