@@ -50,7 +50,9 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
         model=state.file_key(Path(prepared.model_path)),
         binary=state.file_key(binary),
         binary_version=target.binary_version,
-        device=f"{target.backend}:{target.device or ''}",
+        # with RPC workers: each one's endpoint and budget (a different worker set is another machine)
+        device=f"{target.backend}:{target.device or ''}"
+        + "".join(f",{r.endpoint}={r.memory.value if r.memory.source == 'declared' else '?'}" for r in target.remote),
         device_memory=target.device_memory.value if target.device_memory else None,
         device_max_alloc=target.max_alloc.value if target.max_alloc else None,
         budget_source=remember.budget_source(target.host_budget.detail, target.host_budget.source),
