@@ -174,7 +174,7 @@ def with_worker_caps(target: Target, caps: Sequence[tuple[str, int]]) -> Target:
     if not caps:
         return target
     lowered = dict(caps)
-    why = "stopped during a start that needed more"
+    why = "failed in a start that put more there"
     remote = tuple(
         replace(r, memory=Sourced(lowered[r.endpoint], "learned", f"{r.endpoint} {why}"))
         if r.endpoint in lowered and lowered[r.endpoint] < r.memory.value

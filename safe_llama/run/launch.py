@@ -162,7 +162,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         if attempt >= options.attempts:
             say(f"attempt {attempt} failed: {failure.line or failure.kind}; no attempts left", "error")
             return int(ExitStatus.RETRIES_EXHAUSTED)
-        if failure.stage == "worker" and prepared.plan is not None and prepared.target.remote:
+        if _worker_failed(failure) and prepared.plan is not None and prepared.target.remote:
             # an RPC worker stopped: the same KV with a smaller share for that worker is the next plan
             plan_options = _after_lost_worker(prepared, plan_options, failure, attempt, say)
             prepared = replan(prepared, plan_options, env)
@@ -204,13 +204,19 @@ def _after_lost_worker(
     assert prepared.plan is not None
     places = memory_by_place(prepared.facts, prepared.plan.settings, prepared.target)
     held = {r.name: sum(places.get(r.name, {}).values()) for r in prepared.target.remote}
-    found = workers.lost_worker(prepared.target.remote, lambda r: held[r.name] / max(r.memory.value, 1))
-    assert found is not None
-    worker, seen = found
+    named = workers.endpoint_of(failure.buffer)
+    refused = next((r for r in prepared.target.remote if r.endpoint == named), None)
+    if refused is not None:  # it is alive and said which allocation it could not make
+        worker, seen = refused, False
+        how = f"could not allocate {human(failure.requested_bytes or 0)}"
+    else:
+        found = workers.lost_worker(prepared.target.remote, lambda r: held[r.name] / max(r.memory.value, 1))
+        assert found is not None
+        worker, seen = found
+        how = "stopped during the start" if seen else "most likely stopped (all answer again; it was the fullest)"
     caps = dict(options.worker_caps)
     cap = worker_cap(held[worker.name], caps.get(worker.endpoint))
     caps[worker.endpoint] = cap
-    how = "stopped during the start" if seen else "most likely stopped (all answer again; it was the fullest)"
     say(
         f"attempt {attempt} failed: RPC worker {worker.label} {how}, with {human(held[worker.name])} planned there "
         f"({failure.line or failure.kind}); retrying with at most {human(cap)} on it",
@@ -223,6 +229,13 @@ def _after_lost_worker(
             ExitStatus.WORKER_UNAVAILABLE,
         )
     return replace(options, worker_caps=tuple(sorted(caps.items())))
+
+
+def _worker_failed(failure: Failure) -> bool:
+    """An RPC worker stopped (its connection broke) or refused an allocation (the buffer names it)."""
+    from safe_llama.run.workers import endpoint_of
+
+    return failure.stage == "worker" or endpoint_of(failure.buffer) is not None
 
 
 def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:

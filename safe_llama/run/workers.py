@@ -7,11 +7,20 @@ decide the retry: launch.py does, with retry.worker_cap.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
 
 from safe_llama.plan.target import RemoteDevice
+
+_RPC_BUFFER = re.compile(r"^RPC\d*\[(?P<endpoint>.+)\]$")
+
+
+def endpoint_of(buffer: str | None) -> str | None:
+    """The worker a buffer type names ("RPC0[10.0.0.2:50052]": a worker refused an allocation), else None."""
+    found = _RPC_BUFFER.match(buffer or "")
+    return found.group("endpoint") if found else None
 
 
 def answering(endpoint: str, timeout: float = 0.5) -> bool:

@@ -193,6 +193,7 @@ def test_planned_split_starts_first_time_and_matches_each_worker(
         env=env, capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     plan = json.loads(out)
+    (tmp_path / "plan.json").write_text(out)
     argv = plan["decision"]["argv"]
     split = _value(argv, "-ts", "--tensor-split")
     layers = [int(x) for x in split.split(",")]
@@ -260,3 +261,53 @@ def test_a_worker_that_dies_mid_start_is_named_and_retried(
     finally:
         _stop(proc)
         restarter.close()
+
+
+@pytest.mark.slow
+def test_a_worker_that_refuses_an_allocation_is_named_and_retried(
+    spread_model: Path, llama_bin: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A worker under an address-space limit (ulimit -v) refuses the KV buffer the head asks of it: llama.cpp
+    names it in the buffer (`failed to allocate RPC0[host:port] buffer`); the retry gives it less."""
+    import resource
+
+    binary = llama_bin / "ggml-rpc-server"
+    if not binary.is_file():
+        pytest.skip("the pinned build has no ggml-rpc-server")
+    ports = [free_port(), free_port()]
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (400 << 20, 400 << 20))
+
+    procs = [
+        subprocess.Popen([str(binary), "-p", str(port)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, preexec_fn=limited if i == 0 else None)
+        for i, port in enumerate(ports)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not all(listening(p) for p in ports):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        env = _env(llama_bin, clean_env, tmp_path)
+        endpoints = [f"127.0.0.1:{p}" for p in ports]
+        port = free_port()
+        budgets = ",".join(f"{e}=600M" for e in endpoints)
+        launch = [sys.executable, "-m", "safe_llama", "--rpc-memory", budgets, "server", "-m", str(spread_model),
+                  "--rpc", ",".join(endpoints), "-c", CTX, "--port", str(port)]  # fmt: skip
+        proc, ready = _serve(launch, env, port, tmp_path / "refused.log")
+        try:
+            log = (tmp_path / "refused.log").read_text(errors="replace")
+            said = [line for line in log.splitlines() if line.startswith("safe-llama:")]
+            assert ready, log[-3000:]
+            failed = [line for line in said if " failed: RPC worker " in line]
+            assert failed and f"RPC0 ({endpoints[0]}) could not allocate" in failed[0], said
+            splits = re.findall(r"-ts (\d+),(\d+)", "\n".join(said))
+            assert int(splits[-1][0]) < int(splits[0][0])  # its share went down
+            assert all(p.poll() is None for p in procs)  # both workers alive: nothing was killed
+        finally:
+            _stop(proc)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)

@@ -195,6 +195,11 @@ LINES = [
         id="rpc-worker-killed-by-its-cgroup",
     ),
     pytest.param(
+        log_line("server-rpc-worker-alloc.log", "failed to allocate RPC0"),
+        ("named-buffer-alloc", "alloc", 234881024, None, "RPC0[127.0.0.1:50121]"),
+        id="rpc-worker-refused-an-allocation",
+    ),
+    pytest.param(
         log_line("server-rpc-connect.log", "Failed to connect to"),
         ("rpc-connect", "not_memory", None, None, "127.0.0.1:50199"),
         id="rpc-worker-not-listening",

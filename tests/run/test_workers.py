@@ -8,7 +8,7 @@ import time
 
 from safe_llama.device.limits import Sourced
 from safe_llama.plan.target import RemoteDevice
-from safe_llama.run.workers import answering, lost_worker, wait_back
+from safe_llama.run.workers import answering, endpoint_of, lost_worker, wait_back
 from tests.llama_run import free_port
 
 MIB = 1 << 20
@@ -60,3 +60,9 @@ def test_wait_back_is_bounded_and_sees_a_restart() -> None:
     finally:
         thread.join()
         server.close()
+
+
+def test_a_buffer_name_says_which_worker_refused() -> None:
+    assert endpoint_of("RPC0[127.0.0.1:50121]") == "127.0.0.1:50121"
+    assert endpoint_of("RPC1[[::1]:50052]") == "[::1]:50052"
+    assert endpoint_of("CUDA0") is None and endpoint_of(None) is None
