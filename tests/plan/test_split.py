@@ -9,6 +9,13 @@ from dataclasses import replace
 import pytest
 
 from safe_llama.device.limits import Sourced
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.kv import KvRequest
+from safe_llama.paths import configs_dir
+from safe_llama.plan.memory import Layout, memory_by_place
+from safe_llama.plan.planner import plan
+from safe_llama.plan.policy import load_policy
 from safe_llama.plan.split import balanced_split, device_names, free_split, layer_places
 from safe_llama.plan.target import RemoteDevice, Target
 
@@ -79,3 +86,60 @@ def test_balanced_split_leaves_every_device_the_best_equal_share() -> None:
         assert got is not None and sum(got) == len(slots) and _slack(slots, room, got) >= 0
         best = max(_slack(slots, room, c) for c in splits)
         assert _slack(slots, room, got) == pytest.approx(best, abs=0.02)
+
+
+@pytest.fixture(scope="module")
+def spread_facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
+    """12 layers of 28 MiB (as the RPC tests' model), 2 KiB of f16 KV per layer per cell."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(
+        tmp_path_factory.mktemp("split") / "spread.gguf", n_layer=12, n_head=8, n_head_kv=8, head_dim=64,
+        n_ff=4096, n_ctx_train=65536, sparse=True,
+    )  # fmt: skip
+    return load_model_facts(path)
+
+
+def _workers(*mib: int) -> Target:
+    policy = load_policy(configs_dir() / "planner.toml")
+    remote = tuple(
+        RemoteDevice(f"RPC{i}", f"10.0.0.{i + 2}:50052", 24000 * MIB, Sourced(m * MIB, "declared", "test"))
+        for i, m in enumerate(mib)
+    )
+    return Target(
+        backend="cpu", host_budget=Sourced(64 << 30, "declared", "test"), remote=remote,
+        worker_overhead=policy.rpc_worker_overhead, pipeline_copies=policy.pipeline_copies,
+    )  # fmt: skip
+
+
+def test_the_plan_sets_a_split_that_fits_every_worker(spread_facts: ModelFacts) -> None:
+    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    target = _workers(500, 400, 170)
+    decided = plan(facts, KvRequest(tool="server", n_ctx=12288), target, policy)
+    split = decided.argv_changes["--tensor-split"]
+    assert isinstance(split, str) and [int(x) for x in split.split(",")] == [6, 5, 2]
+    assert decided.steps[0].name == "split" and "10.0.0.4:50052 (170.00 MiB declared)" in decided.steps[0].reason
+    assert "--ctx-size" not in decided.argv_changes  # 12288 fits as asked once split so
+    places = memory_by_place(facts, decided.settings, target)
+    for r in target.remote:
+        assert sum(places[r.name].values()) <= r.memory.value
+    # llama.cpp's own split (by the 24000 MiB each reports free) puts 3 layers and the output on the smallest
+    even = memory_by_place(facts, replace(decided.settings, layout=Layout()), target)
+    assert sum(even["RPC2"].values()) > 170 * MIB
+
+
+def test_the_users_split_is_kept_and_checked_per_worker(spread_facts: ModelFacts) -> None:
+    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    target = _workers(500, 400, 170)
+    layout = Layout(tensor_split=(1.0, 1.0, 1.0))
+    decided = plan(facts, KvRequest(tool="server", n_ctx=16384), target, policy, layout=layout)
+    assert "--tensor-split" not in decided.argv_changes
+    ctx = decided.steps[0]
+    assert ctx.name == "ctx" and ctx.reason.startswith("RPC2 (10.0.0.4:50052)")
+
+
+def test_nothing_fits_names_the_worker(spread_facts: ModelFacts) -> None:
+    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    with pytest.raises(SafeLlamaError) as err:
+        plan(facts, KvRequest(tool="server", n_ctx=4096), _workers(150, 150), policy)
+    assert err.value.status == ExitStatus.NOTHING_FITS and "(10.0.0." in err.value.message
