@@ -99,15 +99,18 @@ def _split_words(split: Sequence[int], target: Target, devices: Sequence[str]) -
     remote = {r.name: r for r in target.remote}
     parts = []
     for name, layers in zip(devices, split, strict=False):
+        where = name
         if name in remote:
             r = remote[name]
-            name = f"{r.name} {r.endpoint} ({human(r.memory.value)} {r.memory.source})"
-        parts.append(f"{layers} on {name}")
-    reported = sorted({human(r.free_bytes) for r in target.remote})
+            where = f"{r.name} {r.endpoint} ({human(r.memory.value)} {r.memory.source})"
+        parts.append(f"{layers} on {where}")
+    idle = [name for name, layers in zip(devices, split, strict=False) if layers == 0]
+    reported = " / ".join(sorted({human(r.free_bytes) for r in target.remote}))
     return (
-        f"-ts {','.join(str(x) for x in split)}: layers (and the output layer, last) {', '.join(parts)}, so each "
-        f"device keeps the same share of its memory free (llama.cpp would split by the {' / '.join(reported)} "
-        "each worker reports free)"
+        f"-ts {','.join(str(x) for x in split)}: of the {sum(split)} layers (the output layer is the last) "
+        f"{', '.join(parts)}, so that each device keeps the same share of its memory free"
+        + (f" ({', '.join(idle)} not needed)" if idle else "")
+        + f"; llama.cpp would split by the {reported} each worker reports free"
     )
 
 
