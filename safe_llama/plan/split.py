@@ -88,8 +88,9 @@ def slot_bytes(facts: ModelFacts, kv: KvPlan, kv_offload: bool) -> list[int]:
 def balanced_split(slots: Sequence[int], room: Sequence[int]) -> tuple[int, ...] | None:
     """Layers per device (llama.cpp's -ts, in whole slots, so its arithmetic lands each layer where meant):
     consecutive slots in device order, leaving every device the largest equal share of its `room` (its memory
-    less what it holds whatever its share) free. None: no split fits."""
-    if not room or sum(slots) > sum(max(r, 0) for r in room):
+    less what it holds whatever its share) free. When nothing fits, the split where every device is over by
+    the same least share (the planner then reduces the context from there). None: no device has room."""
+    if not any(r > 0 for r in room):
         return None
 
     def fill(keep: float) -> list[int] | None:
@@ -103,11 +104,11 @@ def balanced_split(slots: Sequence[int], room: Sequence[int]) -> tuple[int, ...]
             at += n
         return counts if at == len(slots) else None
 
-    best = fill(0.0)
+    lo, hi = -(sum(slots) / min(r for r in room if r > 0)), 1.0  # at lo the first device with room takes all
+    best = fill(lo)
     if best is None:
         return None
-    lo, hi = 0.0, 1.0
-    for _ in range(30):
+    for _ in range(40):
         mid = (lo + hi) / 2
         found = fill(mid)
         if found is None:
