@@ -1,0 +1,156 @@
+"""Starting a program as the supervised child: fork, the child's set-up, exec, and the exec's error read
+back through a close-on-exec pipe (as subprocess does, without subprocess's 20 ms of imports).
+
+Owns the one implementation of the child's set-up between fork and exec (death signal, own process group
+or session, terminal foreground, default SIGPIPE/SIGXFSZ, an empty signal mask, no inherited descriptors
+but 0-2) and the signals the supervisor watches. Must stay light (os, _signal, ctypes): the early start
+(early.py) runs it before anything else is imported. Must not watch the child: supervise.py does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import _signal
+
+PR_SET_PDEATHSIG = 1
+FORWARDED = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
+# the notify socket and watchdog are the wrapper's, not llama.cpp's (sdnotify.child_env)
+WRAPPER_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"  # device.proc.GUARD_ENV: marks a child started by safe-llama
+_TIOCSCTTY = 0x540E  # termios.TIOCSCTTY on Linux, without importing termios on the pipe path
+
+
+def forwardable() -> tuple[int, ...]:
+    # A signal the wrapper was started with ignored (nohup's SIGHUP) stays ignored: the child inherits
+    # that, and there is nothing to forward.
+    return tuple(s for s in FORWARDED if _signal.getsignal(s) is not _signal.SIG_IGN)
+
+
+def watched_signals(pty_mode: bool) -> list[int]:
+    """What the supervisor reads from its signalfd: the forwarded ones and job control (and SIGWINCH for a pty)."""
+    watched = [*forwardable(), _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGTSTP]
+    return [*watched, _signal.SIGWINCH] if pty_mode else watched
+
+
+def block_watched(pty_mode: bool) -> tuple[list[int], set[int]]:
+    """Block the watched signals (and SIGTTOU: tcsetpgrp() and terminal writes from the background are
+    allowed then); the watched list and the mask as it was."""
+    watched = watched_signals(pty_mode)
+    return watched, _signal.pthread_sigmask(_signal.SIG_BLOCK, [*watched, _signal.SIGTTOU])
+
+
+def supervised_env(env: Mapping[str, str], extra: Mapping[str, str], parent: int) -> dict[str, str]:
+    """The child's environment: the wrapper's without its systemd variables, the plan's changes, the guard."""
+    out = {k: v for k, v in env.items() if k not in WRAPPER_ONLY_ENV}
+    out.update(extra)
+    out[GUARD_ENV] = str(parent)
+    return out
+
+
+class Proc:
+    """The started child, as much of subprocess.Popen as the supervisor uses (pid, returncode, wait)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    fds: tuple[int, int, int],
+    *,
+    parent: int,
+    controlling_tty: bool,
+    foreground_fd: int | None,
+) -> Proc:
+    """Fork and exec argv (never through a shell) with fds as its 0, 1, 2; OSError (with the exec's errno)
+    when it could not be executed, with no child left behind.
+
+    controlling_tty: the child leads a new session whose terminal is its stdin (the pty). Otherwise it gets
+    a process group of its own, made the terminal's foreground group when foreground_fd is given (SIGTTOU
+    is still blocked in the child then, so tcsetpgrp from the now-background group does not stop it).
+    Call with no other thread running (the child runs Python until exec).
+    """
+    import ctypes  # the death signal has no os.* function
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    program = os.fsencode(argv[0])
+    args = [os.fsencode(a) for a in argv]
+    envb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    max_fd = os.sysconf("SC_OPEN_MAX")
+    err_read, err_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover -- the child: exec or _exit, never return
+        try:
+            _child(prctl, parent, fds, err_write, max_fd, controlling_tty, foreground_fd)
+            os.execve(program, args, envb)
+        except BaseException as err:  # noqa: BLE001 -- reported to the parent, whatever it is
+            code = err.errno if isinstance(err, OSError) and err.errno else 0
+            os.write(err_write, str(code).encode())
+        os._exit(255)
+    os.close(err_write)
+    report = b""
+    try:
+        while chunk := os.read(err_read, 64):
+            report += chunk
+    finally:
+        os.close(err_read)
+    if report:
+        os.waitpid(pid, 0)
+        code = int(report) if report.isdigit() else 0
+        raise OSError(code, os.strerror(code) if code else "the child's set-up failed")
+    if not controlling_tty:
+        try:  # as a shell does: both sides, whichever runs first
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+    return Proc(pid)
+
+
+def _child(
+    prctl: object,
+    parent: int,
+    fds: tuple[int, int, int],
+    err_write: int,
+    max_fd: int,
+    controlling_tty: bool,
+    foreground_fd: int | None,
+) -> None:  # pragma: no cover -- runs between fork and exec
+    prctl(PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
+    if os.getppid() != parent:  # the wrapper died before prctl took effect
+        os.kill(os.getpid(), _signal.SIGKILL)
+    if controlling_tty:
+        os.setsid()
+    # sources below 3 moved out of the way first, so one target's dup2 never overwrites another's source
+    moved = [os.dup(fd) if fd < 3 and fd != target else fd for target, fd in enumerate(fds)]
+    for target, fd in enumerate(moved):
+        if fd == target:
+            os.set_inheritable(fd, True)
+        else:
+            os.dup2(fd, target)
+    if controlling_tty:
+        import fcntl
+
+        fcntl.ioctl(0, _TIOCSCTTY, 0)
+    else:
+        os.setpgid(0, 0)
+        if foreground_fd is not None:
+            try:
+                os.tcsetpgrp(foreground_fd, os.getpid())
+            except OSError:
+                pass
+    os.closerange(3, err_write)
+    os.closerange(err_write + 1, max_fd)
+    # as subprocess's restore_signals: Python starts with SIGPIPE and SIGXFSZ ignored
+    for signo in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(signo, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd
