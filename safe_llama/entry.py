@@ -2,8 +2,12 @@
 real llama.cpp binary first; launches and `plan` run without typer; only help and the admin commands
 load cli (typer, about 0.15 s of imports).
 
+A launch whose plan is known from a launch record starts llama.cpp first of all (run/early.py), before
+even the pass-through's option table is read: a record exists only for words that loaded a model.
+
 Owns those early exits and the mapping of failures to exit codes; must not import typer (nor, at import,
-anything the pass-through does not need: the planner and the supervisor are imported where used).
+anything: the early start runs before anything else, and the planner and the supervisor are imported
+where used).
 """
 
 from __future__ import annotations
@@ -11,10 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-from safe_llama.cmdline.launch_args import DROP_IN, TOOLS, split
-from safe_llama.errors import SafeLlamaError
-from safe_llama.run.exits import guarded
-from safe_llama.run.passthrough import pass_through_early
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from safe_llama.run.early import Early
 
 # `plan`'s own options (cli.plan declares the same for help): name -> (keyword, takes a value)
 PLAN_OPTIONS = {
@@ -31,6 +34,8 @@ def plan_call(args: list[str]) -> dict[str, object] | None:
     """`plan [options] TOOL [llama.cpp args]` as run_plan's keywords, read as typer reads them (options
     before the tool, everything after it llama.cpp's); None for anything else (--help, an unknown or
     malformed option, a missing or unknown tool), which typer then answers."""
+    from safe_llama.cmdline.launch_args import TOOLS
+
     call: dict[str, object] = {}
     i = 0
     while i < len(args):
@@ -67,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     to the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
     args = sys.argv[1:] if argv is None else argv
     name = os.path.basename(sys.argv[0])
+    if argv is None and not name.startswith("llama-"):  # a drop-in's name takes _drop_in's early start
+        early = _early("safe-llama", args)
+        if early is not None:
+            return _adopt(early, args)
+    from safe_llama.cmdline.launch_args import DROP_IN, split
+    from safe_llama.errors import SafeLlamaError
+    from safe_llama.run.exits import guarded
+
     if argv is None and name in DROP_IN:
         return _drop_in(DROP_IN[name], argv)
     if args[:1] == ["rpc-server"]:
@@ -78,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{err.message}\n")
         return int(err.status)
     if request is not None:
+        from safe_llama.run.passthrough import pass_through_early
+
         tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
         pass_through_early(tool, tool_args, given)
         _fast_start(argv)
-        return guarded(lambda: _launch(tool, tool_args, given))
+        door = None if argv is not None else ("safe-llama", list(args))
+        return guarded(lambda: _launch(tool, tool_args, given, door))
     _fast_start(argv)
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
@@ -93,6 +109,35 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run_app(args)
 
 
+def _early(door: str, args: list[str]) -> Early | None:
+    """Attempt 1 started from a launch record (run/early.py), or None."""
+    from safe_llama.run import early
+
+    return early.start(door, args)
+
+
+def _adopt(started: Early, args: list[str]) -> int:
+    """The supervisor takes over the early start; its words split as the normal path splits them."""
+    from safe_llama.cmdline.launch_args import TOOLS, split
+    from safe_llama.run.exits import guarded
+
+    door = started.door
+    if door in TOOLS:
+        tool, tool_args, given = door, list(args), {}
+    else:
+        request = split(args)
+        assert request is not None  # a record is only stored for words that were a launch
+        tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
+    _fast_start(None)
+
+    def body() -> int:
+        from safe_llama.run.launch import adopted
+
+        return adopted(started, tool, tool_args, given)
+
+    return guarded(body)
+
+
 def _fast_start(argv: list[str] | None) -> None:
     """A console script's own run (argv None: not a caller inside another program) keeps the code of its
     dataclass methods between runs (startup.py)."""
@@ -102,10 +147,10 @@ def _fast_start(argv: list[str] | None) -> None:
         startup.install()
 
 
-def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
     from safe_llama.run.launch import launch
 
-    return launch(tool, args, given)
+    return launch(tool, args, given, door=door)
 
 
 def _rpc_server(args: list[str]) -> int:
@@ -116,9 +161,16 @@ def _rpc_server(args: list[str]) -> int:
 
 def _drop_in(tool: str, argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:
+        early = _early(tool, args)
+        if early is not None:
+            return _adopt(early, args)
+    from safe_llama.run.exits import guarded
+    from safe_llama.run.passthrough import pass_through_early
+
     pass_through_early(tool, args, {})
     _fast_start(argv)
-    return guarded(lambda: _launch(tool, args, {}))
+    return guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args)))
 
 
 def main_cli(argv: list[str] | None = None) -> int:

@@ -138,7 +138,10 @@ def load_profiles(env: Mapping[str, str] = os.environ) -> tuple[DeviceProfile, .
 
 
 def _env_key(env: Mapping[str, str], prefixes: tuple[str, ...]) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes)]
+    # an env that records what is read (run.fast_record) is told it is a scan of these prefixes only
+    scan = getattr(env, "prefixed", None)
+    found = scan(prefixes) if callable(scan) else {k: v for k, v in env.items() if k.startswith(prefixes)}
+    return [f"{k}={v}" for k, v in sorted(found.items())]
 
 
 def _boot_id() -> str:

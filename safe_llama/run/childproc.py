@@ -10,9 +10,12 @@ but 0-2) and the signals the supervisor watches. Must stay light (os, _signal, c
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 
 import _signal
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:  # collections.abc costs an import on the early path
+    from collections.abc import Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
 FORWARDED = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
@@ -47,6 +50,44 @@ def supervised_env(env: Mapping[str, str], extra: Mapping[str, str], parent: int
     out.update(extra)
     out[GUARD_ENV] = str(parent)
     return out
+
+
+def same_file(fd_a: int, fd_b: int) -> bool:
+    """Two descriptors on one file (stdout and stderr both a terminal, or 2>&1): the child gets one pipe."""
+    try:
+        a, b = os.fstat(fd_a), os.fstat(fd_b)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def terminal_foreground(stdin_fd: int) -> int | None:
+    """stdin a terminal where this process's group is in the foreground: that terminal (pipe mode gives the
+    child's group the foreground, so the terminal's ^C and ^Z reach it alone)."""
+    try:
+        return stdin_fd if os.tcgetpgrp(stdin_fd) == os.getpgrp() else None
+    except OSError:  # not a terminal, or not our controlling one
+        return None
+
+
+class Started:
+    """A child started on pipes before the supervisor was imported (early.py), for spawn.Child.adopt."""
+
+    def __init__(
+        self,
+        pid: int,
+        stdout_src: int,
+        stderr_src: int | None,
+        counters_before: dict[str, int],
+        foreground: bool,
+        mask_before: set[int],
+    ) -> None:
+        self.pid = pid
+        self.stdout_src = stdout_src  # the read end of its stdout pipe (its stderr too when combined)
+        self.stderr_src = stderr_src  # None: stdout and stderr are one file, read as one stream
+        self.counters_before = counters_before  # the OOM counters read just before the fork
+        self.foreground = foreground  # its group was made the terminal's foreground group
+        self.mask_before = mask_before  # the signal mask before the watched signals were blocked
 
 
 class Proc:
@@ -114,6 +155,34 @@ def spawn(
         except OSError:
             pass
     return Proc(pid)
+
+
+def spawn_on_pipes(
+    argv: Sequence[str], env: Mapping[str, str], fds: tuple[int, int, int], foreground_fd: int | None
+) -> tuple[Proc, int, int | None]:
+    """spawn() in its own process group with stdout and stderr on pipes (one pipe when fds[1] and fds[2] are
+    one file): the child, and the read ends of its stdout and stderr pipes (None: combined). OSError as spawn."""
+    combined = same_file(fds[1], fds[2])
+    out_src, out_sink = os.pipe()
+    err_src, err_sink = (None, out_sink) if combined else os.pipe()
+    try:
+        proc = spawn(argv, env, (fds[0], out_sink, err_sink), parent=os.getpid(), controlling_tty=False,
+                     foreground_fd=foreground_fd)  # fmt: skip
+    except OSError:
+        os.close(out_src)
+        if err_src is not None:
+            os.close(err_src)
+        raise
+    finally:
+        os.close(out_sink)
+        if err_sink != out_sink:
+            os.close(err_sink)
+    if foreground_fd is not None:
+        try:  # both sides, whichever runs first (the child's set-up does it too)
+            os.tcsetpgrp(foreground_fd, proc.pid)
+        except OSError:
+            pass
+    return proc, out_src, err_src
 
 
 def _child(

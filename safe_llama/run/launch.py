@@ -15,22 +15,21 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safe_llama.cmdline.llama_args import redact_argv
-from safe_llama.device.binaries import find_binary
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
-from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared, final_argv, prepare, replan
-from safe_llama.run.retry import Attempt, Learned, learn
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
 from safe_llama.units import human
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
+    from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
+    from safe_llama.run.early import Early
+    from safe_llama.run.fast_record import Recorder
     from safe_llama.run.readiness import ReadinessProbe
     from safe_llama.run.relay import Stream
     from safe_llama.run.signatures import Failure, SignatureTable
-    from safe_llama.run.supervise import Verdict
+    from safe_llama.run.supervise import Outcome, Verdict
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
@@ -59,13 +58,29 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
     return remember.key(identity)
 
 
-def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchOptions) -> int:
-    """The whole launch; returns the exit code safe-llama leaves with."""
+def run(
+    tool: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    options: LaunchOptions,
+    *,
+    recorder: Recorder | None = None,
+    door: tuple[str, Sequence[str]] | None = None,
+    first: Outcome | None = None,
+) -> int:
+    """The whole launch; returns the exit code safe-llama leaves with. recorder: the window that notes what
+    this launch reads until attempt 1 starts (env is its recording mapping), for a launch record keyed by
+    door (which door, its words); first: attempt 1 already ran (started early, it failed for memory)."""
+    from safe_llama.cmdline.llama_args import redact_argv
+    from safe_llama.device.binaries import find_binary
     from safe_llama.run import remember, supervise
+    from safe_llama.run.prepare import final_argv, prepare, replan
     from safe_llama.run.readiness import probe_for
+    from safe_llama.run.retry import Learned, learn
     from safe_llama.run.signatures import load_table
 
-    say = Say(env)
+    raw_env = recorder.raw if recorder is not None else env
+    say = Say(raw_env)
     supervise.check_not_nested(env)
     unusable = check_cache(cache_dir(env))
     if unusable is not None:
@@ -73,8 +88,8 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         say(f"{unusable}: running without caching or remembering plans", "warning")
     binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
-    notifier = Notifier(env)
-    base_env = child_env(env)
+    notifier = Notifier(raw_env)
+    base_env = child_env(raw_env)
     plan_options = options.plan
     try:
         prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
@@ -87,6 +102,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         say(f"not planning ({err.message.removeprefix('safe-llama: ')}); running llama.cpp as given", "warning")
         prepared = None
     digest = None
+    recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
     if prepared is not None and options.remember:
         digest = _remember_key(prepared, binary)
         known = remember.recall(digest, env)
@@ -100,6 +116,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
             prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
+            recalled = True
     attempt = 0
     last_kv: tuple[int, int] | None = None
     learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
@@ -118,8 +135,12 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
                 raise SafeLlamaError(
                     f"{prepared.error.message} (after {attempt - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
                 )
-            for step in prepared.plan.steps:
-                say(step.reason)
+            if first is None or attempt > 1:  # an early start said them already
+                for step in prepared.plan.steps:
+                    if recorder is not None and attempt == 1:
+                        recorder.say(say, step.reason)
+                    else:
+                        say(step.reason)
             argv = final_argv(prepared)
             extra_env = dict(prepared.plan.env_changes)
             kv_now = _footprint(prepared)
@@ -129,27 +150,35 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
                 f"{human(last_kv[0])} of it on the device); giving up after {attempt - 1} attempt(s)",
                 ExitStatus.RETRIES_EXHAUSTED,
             )
-        notifier.status(f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200])
-        on_ready = _ReadyActions(say, notifier, attempt)
-        if (
-            prepared is not None
-            and digest is not None
-            and prepared.plan is not None
-            and attempt_is_planned(attempt, options)
-        ):
-            on_ready.store = (digest, prepared, plan_options, env)
-        probe = probe_for(tool, argv, {**base_env, **extra_env})
-        on_ready.health = probe.check if tool == "server" else None
-        notifier.extend_timeout(EXTEND_TIMEOUT)
-        outcome = supervise.launch(
-            [str(binary), *argv],
-            {**base_env, **extra_env},
-            watcher=_Watcher(table, on_ready),
-            probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
-        )
-        on_ready.stop_watchdog()
-        if outcome.ready:
-            notifier.stopping()
+        if first is not None and attempt == 1:
+            outcome = first
+        else:
+            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200]
+            notifier.status(status)
+            on_ready = _ReadyActions(say, notifier, attempt)
+            if (
+                prepared is not None
+                and digest is not None
+                and prepared.plan is not None
+                and attempt_is_planned(attempt, options)
+            ):
+                on_ready.store = (digest, prepared, plan_options, env)
+                if recorder is not None and door is not None and attempt == 1 and not recalled:
+                    on_ready.record = _LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
+            probe = probe_for(tool, argv, {**base_env, **extra_env})
+            on_ready.health = probe.check if tool == "server" else None
+            notifier.extend_timeout(EXTEND_TIMEOUT)
+            if recorder is not None:
+                recorder.close()  # the window ends where attempt 1 starts
+            outcome = supervise.launch(
+                [str(binary), *argv],
+                {**base_env, **extra_env},
+                watcher=_Watcher(table, on_ready),
+                probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+            )
+            on_ready.stop_watchdog()
+            if outcome.ready:
+                notifier.stopping()
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure
@@ -195,6 +224,7 @@ class _ReadyActions:
         self.notifier = notifier
         self.attempt = attempt
         self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+        self.record: Callable[[], None] | None = None  # the launch record, once the plan is remembered
         self.health: Callable[[], bool] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -202,7 +232,8 @@ class _ReadyActions:
     def __call__(self) -> None:
         if self.store is not None:
             digest, prepared, options, env = self.store
-            _store(digest, prepared, options, env)
+            if _store(digest, prepared, options, env) and self.record is not None:
+                self.record()
         self.notifier.ready(f"ready (attempt {self.attempt})")
         interval = self.notifier.watchdog_interval
         if interval is not None:
@@ -268,6 +299,7 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: b
     """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
     from safe_llama.model.kv import plan_kv
     from safe_llama.plan.compute import compute_estimate
+    from safe_llama.run.retry import Attempt
 
     kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
     kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
@@ -279,6 +311,8 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: b
 
 def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
     """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
+    from safe_llama.run.prepare import replan
+
     if prepared.plan is None or options.kv_cap is None:
         return False
     free = replan(prepared, replace(options, kv_cap=None), env).plan
@@ -304,7 +338,7 @@ def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
     return (total if prepared.target.on_gpu else 0, total)
 
 
-def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> None:
+def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
     from safe_llama.run import remember
 
     assert prepared.plan is not None
@@ -317,13 +351,99 @@ def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[s
         remember.store(digest, record, env)
     except OSError as err:
         Say(env)(f"could not remember the plan: {err.strerror}", "warning")
+        return False
+    return True
 
 
-def launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+class _LaunchRecord:
+    """Writes the launch record of attempt 1 when it is ready (fast_record.py)."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        door: tuple[str, Sequence[str]],
+        tool: str,
+        user_args: Sequence[str],
+        argv: Sequence[str],
+        prepared: Prepared,
+        options: PlanOptions,
+        status: str,
+    ) -> None:
+        self.recorder, self.door, self.tool, self.user_args = recorder, door, tool, user_args
+        self.argv, self.prepared, self.options, self.status = argv, prepared, options, status
+
+    def __call__(self) -> None:
+        from safe_llama.run import fast_record
+
+        door, door_args = self.door
+        record = fast_record.build(
+            self.recorder,
+            tool=self.tool,
+            user_args=self.user_args,
+            door_args=door_args,
+            argv=self.argv,
+            prepared=self.prepared,
+            options=self.options,
+            status=self.status,
+        )
+        if record is not None:
+            fast_record.store(record, door, door_args, self.recorder.raw)
+
+
+def launch(
+    tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None
+) -> int:
     """The supervised launch with safe-llama's own options resolved (flags over SAFE_LLAMA_* over the config
-    file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`)."""
+    file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`).
+    door: which door was used and its words, to key a launch record for the next start (early.py)."""
     from safe_llama.cmdline import launch_args
     from safe_llama.run.options import launch_options
 
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    return run(tool, args, os.environ, launch_options(settings, origins))
+    if door is None:
+        settings, origins = launch_args.resolve_sourced(given, os.environ)
+        return run(tool, args, os.environ, launch_options(settings, origins))
+    from safe_llama.run.fast_record import Recorder
+
+    with Recorder(os.environ) as recorder:
+        settings, origins = launch_args.resolve_sourced(given, recorder.env)
+        options = launch_options(settings, origins)
+        return run(tool, args, recorder.env, options, recorder=recorder, door=door)
+
+
+def adopted(early: Early, tool: str, args: list[str], given: dict[str, str]) -> int:
+    """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
+    for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
+    from safe_llama.run import supervise
+    from safe_llama.run.readiness import probe_for
+    from safe_llama.run.signatures import load_table
+
+    env = os.environ
+    say = Say(env)
+    for message, level in early.lines:
+        say(message, level)
+    table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
+    notifier = Notifier(env)
+    notifier.status(early.status)
+    on_ready = _ReadyActions(say, notifier, 1)
+    probe = probe_for(tool, early.argv[1:], early.env)
+    on_ready.health = probe.check if tool == "server" else None
+    notifier.extend_timeout(EXTEND_TIMEOUT)
+    outcome = supervise.launch(
+        early.argv,
+        early.env,
+        watcher=_Watcher(table, on_ready),
+        probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+        started=early.started,
+    )
+    on_ready.stop_watchdog()
+    if outcome.ready:
+        notifier.stopping()
+    if not outcome.retry:
+        return outcome.exit_code
+    from safe_llama.cmdline import launch_args
+    from safe_llama.run import fast_record
+    from safe_llama.run.options import launch_options
+
+    fast_record.drop(early.path)
+    settings, origins = launch_args.resolve_sourced(given, env)
+    return run(tool, args, env, launch_options(settings, origins), first=outcome)

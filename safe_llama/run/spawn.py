@@ -12,11 +12,10 @@ import errno
 import fcntl
 import os
 import termios
-from dataclasses import dataclass
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.run import childproc
-from safe_llama.run.childproc import Proc
+from safe_llama.run.childproc import Proc, Started
 from safe_llama.run.relay import Relay, Sink, Stream, Terminal, pipe_relay
 
 
@@ -25,25 +24,6 @@ def spawn_error(binary: str, err: OSError) -> SafeLlamaError:
         return SafeLlamaError(f"safe-llama: {binary}: not found", ExitStatus.NOT_FOUND)
     reason = "not executable" if err.errno in (errno.EACCES, errno.EPERM) else (err.strerror or str(err))
     return SafeLlamaError(f"safe-llama: {binary}: cannot execute: {reason}", ExitStatus.NOT_EXECUTABLE)
-
-
-def same_file(fd_a: int, fd_b: int) -> bool:
-    try:
-        a, b = os.fstat(fd_a), os.fstat(fd_b)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-@dataclass(frozen=True)
-class Started:
-    """A child started on pipes before the supervisor was imported (early.py): handed to Child.adopt."""
-
-    pid: int
-    stdout_src: int  # the read end of its stdout pipe (its stderr too when combined)
-    stderr_src: int | None  # None: stdout and stderr are one file, read as one stream
-    counters_before: dict[str, int]  # the OOM counters read just before the fork
-    foreground: bool  # its group was made the terminal's foreground group
 
 
 class Child:
@@ -92,19 +72,13 @@ class Child:
             raise spawn_error(self.argv[0], err) from None
 
     def _start_pipes(self, foreground_fd: int | None) -> None:
-        combined = same_file(self.stdout_fd, self.stderr_fd)
-        out_src, out_sink = os.pipe()
-        self.relays.append(pipe_relay(out_src, self.stdout_fd, Stream.COMBINED if combined else Stream.STDOUT))
-        err_sink = out_sink
-        if not combined:
-            err_src, err_sink = os.pipe()
-            self.relays.append(pipe_relay(err_src, self.stderr_fd, Stream.STDERR))
         try:
-            self.proc = self._spawn((self.stdin_fd, out_sink, err_sink), foreground_fd)
-        finally:
-            os.close(out_sink)
-            if err_sink != out_sink:
-                os.close(err_sink)
+            proc, out_src, err_src = childproc.spawn_on_pipes(
+                self.argv, self.env, (self.stdin_fd, self.stdout_fd, self.stderr_fd), foreground_fd
+            )
+        except OSError as err:
+            raise spawn_error(self.argv[0], err) from None
+        self.adopt(Started(proc.pid, out_src, err_src, {}, foreground_fd is not None, set()))
 
     def _start_pty(self) -> None:
         self.terminal = terminal = Terminal(self.stdin_fd, self.stdout_fd)

@@ -39,7 +39,7 @@ from typing import Protocol
 
 from safe_llama.device.probe_host import oom_counters, oom_evidence
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.run.childproc import GUARD_ENV, block_watched, forwardable
+from safe_llama.run.childproc import GUARD_ENV, Started, block_watched, forwardable, terminal_foreground
 from safe_llama.run.readiness import ProbeThread, ReadinessProbe
 from safe_llama.run.relay import DRAIN_IDLE, HIGH_WATER, READ_SIZE, Relay, Stream
 from safe_llama.run.signals import (
@@ -52,7 +52,7 @@ from safe_llama.run.signals import (
     signal_keys,
 )
 from safe_llama.run.signatures import Failure, Match, Scanner, SignatureTable, classify
-from safe_llama.run.spawn import Child, Started
+from safe_llama.run.spawn import Child
 
 
 class Verdict(enum.Enum):
@@ -183,12 +183,7 @@ class _Supervisor:
 
     def _terminal_foreground(self) -> int | None:
         """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
-        if self.use_pty:
-            return None
-        try:
-            return self.child.stdin_fd if os.tcgetpgrp(self.child.stdin_fd) == os.getpgrp() else None
-        except OSError:  # not a terminal, or not our controlling one
-            return None
+        return None if self.use_pty else terminal_foreground(self.child.stdin_fd)
 
     def _give_foreground(self) -> None:
         fd = self._terminal_foreground()
@@ -486,7 +481,6 @@ def launch(
     kill_after: float = 5.0,
     memory_counters: Callable[[], Mapping[str, int]] | None = None,
     started: Started | None = None,
-    mask_before: set[int] | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -497,7 +491,7 @@ def launch(
     not executable raises SafeLlamaError (127 / 126), with no child left behind. memory_counters: what
     tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters).
     started: the child already running on pipes (early.py started it with argv and env, its watched
-    signals blocked since; mask_before: the mask before that), supervised from here on.
+    signals blocked since), supervised from here on.
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -508,8 +502,8 @@ def launch(
     if memory_counters is not None:
         supervisor.memory_counters = memory_counters
     watched, old_mask = block_watched(pty_mode)
-    if mask_before is not None:
-        old_mask = mask_before
+    if started is not None:
+        old_mask = started.mask_before
     sigfd: SignalFd | None = None
     try:
         sigfd = SignalFd(watched)
