@@ -117,34 +117,26 @@ def _early(door: str, args: list[str]) -> Early | None:
 
 
 def _adopt(started: Early, args: list[str]) -> int:
-    """The supervisor takes over the early start; its words split as the normal path splits them."""
-    from safe_llama.cmdline.launch_args import TOOLS, split
+    """The supervisor takes over the early start."""
     from safe_llama.run.exits import guarded
 
-    door = started.door
-    if door in TOOLS:
-        tool, tool_args, given = door, list(args), {}
-    else:
-        request = split(args)
-        assert request is not None  # a record is only stored for words that were a launch
-        tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
-    _fast_start(None)
+    _fast_start(None, "early")
 
     def body() -> int:
         from safe_llama.run.launch import adopted
 
-        return adopted(started, tool, tool_args, given)
+        return adopted(started, args)
 
     return guarded(body)
 
 
-def _fast_start(argv: list[str] | None) -> None:
+def _fast_start(argv: list[str] | None, part: str = "") -> None:
     """A console script's own run (argv None: not a caller inside another program) keeps the code of its
     dataclass methods between runs (startup.py)."""
     if argv is None:
         from safe_llama import startup
 
-        startup.install()
+        startup.install(part=part)
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 
-import _signal
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
+    import signal as _signal  # the same functions, with stubs (_signal has none)
     from collections.abc import Mapping, Sequence
+else:
+    import _signal  # signal without enum: the early start's import
 
 PR_SET_PDEATHSIG = 1
 FORWARDED = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
@@ -42,6 +43,10 @@ def block_watched(pty_mode: bool) -> tuple[list[int], set[int]]:
     allowed then); the watched list and the mask as it was."""
     watched = watched_signals(pty_mode)
     return watched, _signal.pthread_sigmask(_signal.SIG_BLOCK, [*watched, _signal.SIGTTOU])
+
+
+def restore_mask(mask: set[int]) -> None:
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
 
 
 def supervised_env(env: Mapping[str, str], extra: Mapping[str, str], parent: int) -> dict[str, str]:
@@ -133,8 +138,8 @@ def spawn(
     if pid == 0:  # pragma: no cover -- the child: exec or _exit, never return
         try:
             _child(prctl, parent, fds, err_write, max_fd, controlling_tty, foreground_fd)
-            os.execve(program, args, envb)
-        except BaseException as err:  # noqa: BLE001 -- reported to the parent, whatever it is
+            os.execve(program, args, envb)  # noqa: S606 -- argv as a list, never through a shell
+        except BaseException as err:
             code = err.errno if isinstance(err, OSError) and err.errno else 0
             os.write(err_write, str(code).encode())
         os._exit(255)
@@ -150,7 +155,7 @@ def spawn(
         code = int(report) if report.isdigit() else 0
         raise OSError(code, os.strerror(code) if code else "the child's set-up failed")
     if not controlling_tty:
-        try:  # as a shell does: both sides, whichever runs first
+        try:  # noqa: SIM105 -- as a shell does: both sides, whichever runs first (no contextlib: light)
             os.setpgid(pid, pid)
         except OSError:
             pass
@@ -178,7 +183,7 @@ def spawn_on_pipes(
         if err_sink != out_sink:
             os.close(err_sink)
     if foreground_fd is not None:
-        try:  # both sides, whichever runs first (the child's set-up does it too)
+        try:  # noqa: SIM105 -- both sides, whichever runs first (the child's set-up does it too)
             os.tcsetpgrp(foreground_fd, proc.pid)
         except OSError:
             pass
@@ -213,7 +218,7 @@ def _child(
     else:
         os.setpgid(0, 0)
         if foreground_fd is not None:
-            try:
+            try:  # noqa: SIM105 -- no contextlib between fork and exec
                 os.tcsetpgrp(foreground_fd, os.getpid())
             except OSError:
                 pass

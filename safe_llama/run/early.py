@@ -27,6 +27,7 @@ from safe_llama.run import childproc
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
     from collections.abc import Mapping, Sequence
+    from typing import Any
 
 FORMAT = 1
 FOLDER = "launch"  # under the cache directory
@@ -118,7 +119,7 @@ def address_space_unlimited() -> bool:
     return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
 
 
-def load(path: str) -> dict[str, object] | None:
+def load(path: str) -> dict[str, Any] | None:
     """The record at path, when this user wrote it and no one else can (code is not run from it, but what
     it says is launched): None otherwise."""
     try:
@@ -140,32 +141,33 @@ def load(path: str) -> dict[str, object] | None:
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
 
-def still_valid(record: Mapping[str, object], env: Mapping[str, str]) -> bool:
+def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
     """Everything the recorded plan was made from is as it was (see the module's docstring)."""
     try:
         salt = record["salt"]
-        assert isinstance(salt, bytes)
-        for path, ident in record["files"]:  # type: ignore[attr-defined]
+        if not isinstance(salt, bytes):
+            return False
+        for path, ident in record["files"]:
             if identity(path) != ident:
                 return False
-        for path, digest in record["contents"]:  # type: ignore[attr-defined]
+        for path, digest in record["contents"]:
             if content(path, salt) != digest:
                 return False
-        for name, digest in record["env"]:  # type: ignore[attr-defined]
+        for name, digest in record["env"]:
             if env_digest(env.get(name), salt) != digest:
                 return False
-        for prefixes, digest in record["env_prefixes"]:  # type: ignore[attr-defined]
+        for prefixes, digest in record["env_prefixes"]:
             if prefixed_digest(env, prefixes, salt) != digest:
                 return False
         host = record["host"]
         if host is not None:
-            total, least_available = host  # type: ignore[misc]
+            total, least_available = int(host[0]), int(host[1])
             memory = meminfo()
             if memory is None or memory[0] != total or memory[1] < least_available:
                 return False
             if not address_space_unlimited():
                 return False
-    except (KeyError, TypeError, ValueError, AssertionError):
+    except (KeyError, TypeError, ValueError):
         return False
     return True
 
@@ -176,8 +178,11 @@ def cache_usable(root: str) -> bool:
         st = os.stat(root, follow_symlinks=False)
     except OSError:
         return False
-    return os.path.isdir(root) and not os.path.islink(root) and st.st_uid == os.geteuid() and os.access(
-        root, os.W_OK | os.X_OK
+    return (
+        os.path.isdir(root)
+        and not os.path.islink(root)
+        and st.st_uid == os.geteuid()
+        and os.access(root, os.W_OK | os.X_OK)
     )
 
 
@@ -190,7 +195,7 @@ class Early:
         started: childproc.Started,
         argv: list[str],
         env: dict[str, str],
-        record: dict[str, object],
+        record: dict[str, Any],
         path: str,
     ) -> None:
         self.door = door  # "safe-llama", or the tool of a drop-in door
@@ -203,7 +208,11 @@ class Early:
     @property
     def lines(self) -> list[tuple[str, str]]:
         """What safe-llama says before attempt 1 (the plan's reasons), as (message, level)."""
-        return list(self.record["lines"])  # type: ignore[call-overload]
+        return [(str(message), str(level)) for message, level in self.record["lines"]]
+
+    @property
+    def tool(self) -> str:
+        return str(self.record["tool"])
 
     @property
     def status(self) -> str:
@@ -229,9 +238,11 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -
         return None
     try:
         argv = [str(record["binary"])]
-        argv += [args[word] if isinstance(word, int) else str(word) for word in record["argv"]]  # type: ignore[attr-defined]
-        extra = dict(record["extra_env"])  # type: ignore[call-overload]
-        sources = list(record["counters"])  # type: ignore[call-overload]
+        argv += [args[word] if isinstance(word, int) else str(word) for word in record["argv"]]
+        extra = dict(record["extra_env"])
+        if not isinstance(record["tool"], str) or not isinstance(record["status"], str):
+            return None
+        sources = list(record["counters"])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     child_env = childproc.supervised_env(env, extra, os.getpid())
@@ -241,9 +252,7 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -
     try:
         proc, out_src, err_src = childproc.spawn_on_pipes(argv, child_env, (0, 1, 2), foreground)
     except OSError:  # the normal path finds the binary again, and says what is wrong with it
-        import _signal
-
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask_before)
+        childproc.restore_mask(mask_before)
         return None
     started = childproc.Started(proc.pid, out_src, err_src, counters, foreground is not None, mask_before)
     return Early(door, started, argv, child_env, record, path)

@@ -78,7 +78,7 @@ class Recorder:
             _hooked.append(True)
         _active[:] = [self]
         self._stderr = sys.stderr
-        sys.stderr = _StderrTee(sys.stderr, self)  # type: ignore[assignment]
+        sys.stderr = _StderrTee(sys.stderr, self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -228,13 +228,14 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
 
 
 def _secret_values(tool: str, user_args: Sequence[str]) -> list[str]:
-    from safe_llama.cmdline.llama_args import redact_argv
+    """The values of the secret options in the user's words (`--api-key K`, `--api-key=K`)."""
+    from safe_llama.cmdline.llama_args import REDACTED, redact_argv
 
     out: list[str] = []
     for word, shown in zip(user_args, redact_argv(user_args, tool), strict=True):
         if word != shown:
-            value = word.partition("=")[2] if "=" in shown and shown.partition("=")[0] == word.partition("=")[0] else word
-            out += [v for v in (value, word) if v]
+            secret = word.partition("=")[2] if shown.endswith(f"={REDACTED}") else word
+            out += [secret] if secret else []
     return out
 
 
@@ -260,19 +261,30 @@ def _under_ram(prepared: Prepared, value: int) -> Prepared:
 
 def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> int | None:
     """The least RAM budget under which planning gives this same plan, when an unlimited one does too (the
-    plan was not sized by the budget); None otherwise. See the module's docstring for why that is sound."""
+    plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
+    its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
+    from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.plan.memory import allocations
+    from safe_llama.plan.policy import load_policy
     from safe_llama.run.prepare import replan
 
     limits = prepared.target.limits_on_host
-    if len(limits) != 1 or limits[0].kind != "ram":
+    if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":
         return None
-    high = limits[0].budget.value
     if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, env), prepared):
         return None
-    low = 0  # no plan fits under no memory at all
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
+    settings = prepared.plan.settings
+
+    def fits(budget: int) -> bool:
+        return all(a.fits for a in allocations(prepared.facts, settings, _under_ram(prepared, budget).target, policy))
+
+    low, high = 0, limits[0].budget.value  # nothing fits in no memory; the plan fits in this budget
+    if fits(low) or not fits(high):
+        return None
     while high - low > 1:
         middle = (low + high) // 2
-        if _same_plan(replan(_under_ram(prepared, middle), options, env), prepared):
+        if fits(middle):
             high = middle
         else:
             low = middle
@@ -320,6 +332,7 @@ def build(
         return None
     return {
         "format": early.FORMAT,
+        "tool": tool,
         "salt": salt,
         "binary": str(prepared.binary),
         "argv": template,

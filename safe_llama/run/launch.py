@@ -8,31 +8,26 @@ process handling is supervise.py's, the decisions the planner's.
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
+from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
 from safe_llama.units import human
 
 if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
-    from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.run.early import Early
     from safe_llama.run.fast_record import Recorder
-    from safe_llama.run.readiness import ReadinessProbe
-    from safe_llama.run.relay import Stream
-    from safe_llama.run.signatures import Failure, SignatureTable
-    from safe_llama.run.supervise import Outcome, Verdict
+    from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
+    from safe_llama.run.retry import Attempt
+    from safe_llama.run.supervise import Outcome
 
-EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
-EXTEND_EVERY = 10.0
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
 # Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
 # seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
@@ -155,7 +150,7 @@ def run(
         else:
             status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200]
             notifier.status(status)
-            on_ready = _ReadyActions(say, notifier, attempt)
+            on_ready = ReadyActions(say, notifier, attempt)
             if (
                 prepared is not None
                 and digest is not None
@@ -164,7 +159,7 @@ def run(
             ):
                 on_ready.store = (digest, prepared, plan_options, env)
                 if recorder is not None and door is not None and attempt == 1 and not recalled:
-                    on_ready.record = _LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
+                    on_ready.record = LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
             probe = probe_for(tool, argv, {**base_env, **extra_env})
             on_ready.health = probe.check if tool == "server" else None
             notifier.extend_timeout(EXTEND_TIMEOUT)
@@ -173,8 +168,8 @@ def run(
             outcome = supervise.launch(
                 [str(binary), *argv],
                 {**base_env, **extra_env},
-                watcher=_Watcher(table, on_ready),
-                probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+                watcher=Watcher(table, on_ready),
+                probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
             )
             on_ready.stop_watchdog()
             if outcome.ready:
@@ -213,86 +208,6 @@ def run(
 
 def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
     return options.predict or attempt > 1
-
-
-class _ReadyActions:
-    """What happens the moment start-up is over: remember the plan, tell systemd, keep its watchdog fed
-    while llama-server's /health answers 200 (and only then: systemd restarts a server that stops)."""
-
-    def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
-        self.say = say
-        self.notifier = notifier
-        self.attempt = attempt
-        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
-        self.record: Callable[[], None] | None = None  # the launch record, once the plan is remembered
-        self.health: Callable[[], bool] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __call__(self) -> None:
-        if self.store is not None:
-            digest, prepared, options, env = self.store
-            if _store(digest, prepared, options, env) and self.record is not None:
-                self.record()
-        self.notifier.ready(f"ready (attempt {self.attempt})")
-        interval = self.notifier.watchdog_interval
-        if interval is not None:
-            # started from inside supervise.launch, so the thread inherits its blocked signal mask
-            self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
-            self._thread.start()
-
-    def _watchdog(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            if self.health is None or self.health():
-                self.notifier.watchdog()
-
-    def stop_watchdog(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-
-class _NotifyingProbe:
-    """The readiness probe, plus EXTEND_TIMEOUT_USEC to systemd while loading goes on."""
-
-    def __init__(self, inner: ReadinessProbe, notifier: Notifier) -> None:
-        self._inner = inner
-        self._notifier = notifier
-        self._last = time.monotonic()
-
-    def output(self, stream: Stream, data: bytes) -> bool:
-        return self._inner.output(stream, data)
-
-    def poll_interval(self) -> float | None:
-        inner = self._inner.poll_interval()
-        return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)
-
-    def check(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= EXTEND_EVERY:
-            self._notifier.extend_timeout(EXTEND_TIMEOUT)
-            self._last = now
-        return self._inner.check()
-
-
-class _Watcher:
-    """The signature watcher, plus the ready actions."""
-
-    def __init__(self, table: SignatureTable, on_ready: _ReadyActions) -> None:
-        from safe_llama.run.supervise import SignatureWatcher
-
-        self._inner = SignatureWatcher(table)
-        self._on_ready = on_ready
-
-    def output(self, stream: Stream, data: bytes) -> Verdict:
-        return self._inner.output(stream, data)
-
-    def ready(self) -> None:
-        self._inner.ready()
-        self._on_ready()
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        return self._inner.conclude(returncode, oom_evidence)
 
 
 def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
@@ -338,61 +253,7 @@ def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
     return (total if prepared.target.on_gpu else 0, total)
 
 
-def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
-    from safe_llama.run import remember
-
-    assert prepared.plan is not None
-    record = remember.Remembered(
-        kv_bytes=prepared.plan.kv.total_bytes,
-        learned_max_alloc=options.learned_max_alloc,
-        budget_bytes=prepared.target.host_budget.value,
-    )
-    try:
-        remember.store(digest, record, env)
-    except OSError as err:
-        Say(env)(f"could not remember the plan: {err.strerror}", "warning")
-        return False
-    return True
-
-
-class _LaunchRecord:
-    """Writes the launch record of attempt 1 when it is ready (fast_record.py)."""
-
-    def __init__(
-        self,
-        recorder: Recorder,
-        door: tuple[str, Sequence[str]],
-        tool: str,
-        user_args: Sequence[str],
-        argv: Sequence[str],
-        prepared: Prepared,
-        options: PlanOptions,
-        status: str,
-    ) -> None:
-        self.recorder, self.door, self.tool, self.user_args = recorder, door, tool, user_args
-        self.argv, self.prepared, self.options, self.status = argv, prepared, options, status
-
-    def __call__(self) -> None:
-        from safe_llama.run import fast_record
-
-        door, door_args = self.door
-        record = fast_record.build(
-            self.recorder,
-            tool=self.tool,
-            user_args=self.user_args,
-            door_args=door_args,
-            argv=self.argv,
-            prepared=self.prepared,
-            options=self.options,
-            status=self.status,
-        )
-        if record is not None:
-            fast_record.store(record, door, door_args, self.recorder.raw)
-
-
-def launch(
-    tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None
-) -> int:
+def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None) -> int:
     """The supervised launch with safe-llama's own options resolved (flags over SAFE_LLAMA_* over the config
     file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`).
     door: which door was used and its words, to key a launch record for the next start (early.py)."""
@@ -410,7 +271,7 @@ def launch(
         return run(tool, args, recorder.env, options, recorder=recorder, door=door)
 
 
-def adopted(early: Early, tool: str, args: list[str], given: dict[str, str]) -> int:
+def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
     for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
     from safe_llama.run import supervise
@@ -418,21 +279,22 @@ def adopted(early: Early, tool: str, args: list[str], given: dict[str, str]) -> 
     from safe_llama.run.signatures import load_table
 
     env = os.environ
+    tool = early.tool
     say = Say(env)
     for message, level in early.lines:
         say(message, level)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
     notifier = Notifier(env)
     notifier.status(early.status)
-    on_ready = _ReadyActions(say, notifier, 1)
+    on_ready = ReadyActions(say, notifier, 1)
     probe = probe_for(tool, early.argv[1:], early.env)
     on_ready.health = probe.check if tool == "server" else None
     notifier.extend_timeout(EXTEND_TIMEOUT)
     outcome = supervise.launch(
         early.argv,
         early.env,
-        watcher=_Watcher(table, on_ready),
-        probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+        watcher=Watcher(table, on_ready),
+        probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=early.started,
     )
     on_ready.stop_watchdog()
@@ -445,5 +307,11 @@ def adopted(early: Early, tool: str, args: list[str], given: dict[str, str]) -> 
     from safe_llama.run.options import launch_options
 
     fast_record.drop(early.path)
+    if early.door == tool:  # a drop-in door: its words are the tool's
+        args, given = list(door_args), {}
+    else:
+        request = launch_args.split(door_args)
+        assert request is not None  # a record is only stored for words that were a launch
+        args, given = list(request.args), dict(request.settings)
     settings, origins = launch_args.resolve_sourced(given, env)
     return run(tool, args, env, launch_options(settings, origins), first=outcome)

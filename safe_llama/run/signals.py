@@ -7,7 +7,6 @@ Owns what a signal is and how it is received. Must not decide when to send one: 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import signal
 import struct
