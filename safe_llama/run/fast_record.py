@@ -146,8 +146,12 @@ class RecordingEnv(Mapping[str, str]):
             self._recorder.everything = True
         return len(self._recorder.raw)
 
+    def whole(self) -> dict[str, str]:
+        """All of it for a child whose answer is cached under a prefix scan (cmdline.env_scan.whole)."""
+        return dict(self._recorder.raw)
+
     def prefixed(self, prefixes: tuple[str, ...]) -> dict[str, str]:
-        """The variables whose names start with one of prefixes (devices._env_key): a scan of those only."""
+        """The variables whose names start with one of prefixes (cmdline.env_scan): a scan of those only."""
         if self._recorder.open:
             self._recorder.prefix_scans.add(tuple(prefixes))
         return {k: v for k, v in self._recorder.raw.items() if k.startswith(prefixes)}
