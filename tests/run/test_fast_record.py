@@ -69,7 +69,7 @@ class Setup:
         """launch() up to attempt 1's spawn, which is reported ready (the record is written then)."""
         args = self.args if args is None else args
         opened: list[tuple[str, str]] = []
-        environ_get = os._Environ.__getitem__  # type: ignore[attr-defined]
+        environ_get = os._Environ.__getitem__
 
         def reading(environ: Any, name: str) -> Any:
             # a read by name, or a walk over all of it (an items() or a copy): noted with who walked
@@ -97,13 +97,13 @@ class Setup:
             if not _hook_installed:
                 sys.addaudithook(_test_audit)
                 _hook_installed.append(True)
-            self.monkeypatch.setattr(os._Environ, "__getitem__", reading)  # type: ignore[attr-defined]
+            self.monkeypatch.setattr(os._Environ, "__getitem__", reading)
             _audit_on[:] = [opened]
         try:
             code = launch.launch("completion", list(args), {}, door=("safe-llama", ["completion", *args]))
         finally:
             _audit_on.clear()
-            self.monkeypatch.setattr(os._Environ, "__getitem__", environ_get)  # type: ignore[attr-defined]
+            self.monkeypatch.setattr(os._Environ, "__getitem__", environ_get)
         self.opened = opened
         return code
 
@@ -259,7 +259,7 @@ def test_a_declared_budget_is_recorded_without_the_ram_rule(setup: Setup) -> Non
 
 def test_secrets_are_never_stored(setup: Setup) -> None:
     """The argv holds positions of the user's words, never their text; a literal holding a secret stops it."""
-    secret = "argv-secret-3"
+    secret = "argv-secret-3"  # noqa: S105 -- a test value whose absence is checked
     setup.monkeypatch.setenv("HF_TOKEN", "env-secret-2")
     args = [*setup.args, "--api-key", secret]
     setup.launch(args)
@@ -277,7 +277,7 @@ def test_a_literal_holding_a_secret_stops_the_record(setup: Setup, monkeypatch: 
     """A plan that would write a secret's text into its own words (as a literal): no record."""
     from safe_llama.run import prepare
 
-    secret = "argv-secret-4"
+    secret = "argv-secret-4"  # noqa: S105 -- a test value whose absence is checked
     real = prepare.final_argv
     monkeypatch.setattr(prepare, "final_argv", lambda p: [*real(p), f"--note={secret}"])
     args = [*setup.args, "--api-key", secret]
