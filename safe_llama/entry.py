@@ -157,10 +157,11 @@ def _drop_in(tool: str, argv: list[str] | None) -> int:
         early = _early(tool, args)
         if early is not None:
             return _adopt(early, args)
-    from safe_llama.run.exits import guarded
     from safe_llama.run.passthrough import pass_through_early
 
     pass_through_early(tool, args, {})
+    from safe_llama.run.exits import guarded
+
     _fast_start(argv)
     return guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args)))
 

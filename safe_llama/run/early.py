@@ -122,6 +122,12 @@ def address_space_unlimited() -> bool:
 def load(path: str) -> dict[str, Any] | None:
     """The record at path, when this user wrote it and no one else can (code is not run from it, but what
     it says is launched): None otherwise."""
+    data = load_private(path)
+    return data if data is not None and data.get("format") == FORMAT else None
+
+
+def load_private(path: str) -> dict[str, Any] | None:
+    """A marshal'd dict at path, when this user wrote it and no one else can write it: None otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -138,7 +144,7 @@ def load(path: str) -> dict[str, Any] | None:
     finally:
         if fd >= 0:
             os.close(fd)
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    return data if isinstance(data, dict) else None
 
 
 def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
