@@ -147,3 +147,42 @@ def test_the_common_answers_need_no_option_table(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, env=env)
     assert first.stdout.split()[:2] == ["True", "True"]  # derived and kept the first time
     assert again.stdout.split() == ["True", "False", "False", "False"], again.stderr
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["bin-dir", "binary-file", "missing", "not-executable", "a-directory-named-so", "safe-llama-script", "config"],
+)
+def test_the_quick_binary_is_find_binary_s(layout: str, tmp_path: Path, llama_bin: Path) -> None:
+    """Where the quick lookup answers, find_binary gives the same binary; elsewhere it leaves it to find_binary."""
+    from safe_llama.cmdline.launch_args import resolve
+    from safe_llama.device.binaries import find_binary
+    from safe_llama.errors import SafeLlamaError
+    from safe_llama.run.passthrough import _quick_binary
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    binary = folder / "llama-server"
+    env = {"HOME": str(tmp_path), "PATH": "", "SAFE_LLAMA_BIN_DIR": str(folder)}
+    if layout in ("bin-dir", "binary-file", "not-executable", "config"):
+        binary.symlink_to(llama_bin / "llama-server")
+    if layout == "binary-file":
+        env["SAFE_LLAMA_BIN_DIR"] = str(binary)
+    if layout == "not-executable":
+        binary.unlink()
+        binary.write_text("#!/bin/sh\n")
+    if layout == "a-directory-named-so":
+        binary.mkdir()
+    if layout == "safe-llama-script":
+        binary.write_text("#!/usr/bin/python3\nfrom safe_llama.entry import main_server\n")
+        binary.chmod(0o755)
+    if layout == "config":
+        (tmp_path / ".config" / "safe-llama").mkdir(parents=True)
+        (tmp_path / ".config" / "safe-llama" / "config.toml").write_text("[launcher]\n")
+    quick = _quick_binary("server", env, {})
+    try:
+        full: str | None = str(find_binary("server", env=env, explicit=resolve({}, env).get("bin_dir")))
+    except SafeLlamaError:
+        full = None
+    assert quick is None or quick == full
+    assert (quick is not None) == (layout in ("bin-dir", "binary-file"))
