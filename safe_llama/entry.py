@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
+_TOOLS = ("cli", "server", "completion")  # launch_args.TOOLS, without importing it (a test holds them equal)
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
     from safe_llama.run.early import Early
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     to the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
     args = sys.argv[1:] if argv is None else argv
     name = os.path.basename(sys.argv[0])
-    if argv is None and not name.startswith("llama-"):  # a drop-in's name takes _drop_in's early start
+    # a launch's first word is a tool or an option (launch_args.split); a drop-in's name takes _drop_in's
+    if argv is None and not name.startswith("llama-") and args[:1] and (args[0] in _TOOLS or args[0][:1] == "-"):
         early = _early("safe-llama", args)
         if early is not None:
             return _adopt(early, args)
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         pass_through_early(tool, tool_args, given)
         _fast_start(argv)
         door = None if argv is not None else ("safe-llama", list(args))
-        return guarded(lambda: _launch(tool, tool_args, given, door))
+        return _leave(guarded(lambda: _launch(tool, tool_args, given, door)), argv)
     _fast_start(argv)
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
@@ -127,7 +129,23 @@ def _adopt(started: Early, args: list[str]) -> int:
 
         return adopted(started, args)
 
-    return guarded(body)
+    return _leave(guarded(body), None)
+
+
+def _leave(code: int, argv: list[str] | None) -> int:
+    """After a console script's own launch: exit now, as Python would but without tearing down every module
+    (some 8 ms once the child has exited): atexit's functions run, stdout and stderr are flushed."""
+    if argv is not None:
+        return code
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = 120  # what Python's own exit reports when its final flush fails
+    os._exit(code)
 
 
 def _fast_start(argv: list[str] | None, part: str = "") -> None:
@@ -163,7 +181,7 @@ def _drop_in(tool: str, argv: list[str] | None) -> int:
     from safe_llama.run.exits import guarded
 
     _fast_start(argv)
-    return guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args)))
+    return _leave(guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args))), argv)
 
 
 def main_cli(argv: list[str] | None = None) -> int:

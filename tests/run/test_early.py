@@ -20,8 +20,6 @@ from safe_llama.run.childproc import GUARD_ENV
 from tests import ROOT
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
-pytestmark = pytest.mark.slow
-
 SHIM = """#!{python}
 # logs the argv and environment llama-completion is started with, then runs the real one
 import json, os, sys
@@ -82,6 +80,7 @@ def _records(env: dict[str, str]) -> list[Path]:
     return list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / early.FOLDER).glob("*.marshal"))
 
 
+@pytest.mark.slow
 def test_an_early_start_gives_the_child_what_a_full_launch_gives(
     shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
 ) -> None:
@@ -101,6 +100,7 @@ def test_an_early_start_gives_the_child_what_a_full_launch_gives(
     assert fast[1] == full[1]  # the same seed: the same words, relayed
 
 
+@pytest.mark.slow
 def test_a_changed_input_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
     env, args = shimmed
     assert _run(args, env, tmp_path)[0] == 0
@@ -111,6 +111,7 @@ def test_a_changed_input_takes_the_full_path(shimmed: tuple[dict[str, str], list
     assert _logged(env)[1][1]["LLAMA_ARG_BATCH"] == "64"
 
 
+@pytest.mark.slow
 def test_the_recursion_guard_still_refuses(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
     env, args = shimmed
     assert _run(args, env, tmp_path)[0] == 0
@@ -119,6 +120,7 @@ def test_the_recursion_guard_still_refuses(shimmed: tuple[dict[str, str], list[s
     assert len(_logged(env)) == 1
 
 
+@pytest.mark.slow
 def test_no_remember_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
     env, args = shimmed
     assert _run(args, env, tmp_path)[0] == 0
@@ -127,6 +129,7 @@ def test_no_remember_takes_the_full_path(shimmed: tuple[dict[str, str], list[str
     assert len(_records(env)) == 1  # a record for other words is not used, none is written for these
 
 
+@pytest.mark.slow
 def test_an_unusable_cache_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
     env, args = shimmed
     assert _run(args, env, tmp_path)[0] == 0
@@ -149,6 +152,7 @@ def _fake_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
+@pytest.mark.slow
 def test_a_memory_failure_of_an_early_start_retries_as_a_full_launch_does(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -178,6 +182,7 @@ def test_a_memory_failure_of_an_early_start_retries_as_a_full_launch_does(
     assert any("attempt 1 failed" in line for line in _ours(from_record[2]))
 
 
+@pytest.mark.slow
 def test_an_exec_failure_of_a_record_s_binary_is_reported_by_the_full_path(
     shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
 ) -> None:
@@ -187,3 +192,57 @@ def test_an_exec_failure_of_a_record_s_binary_is_reported_by_the_full_path(
     os.chmod(shim, 0o644)
     code, _, err, _ = _run(args, env, tmp_path)
     assert code == 126 and "not executable" in err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({"XDG_CACHE_HOME": "/x/cache", "HOME": "/h"}, id="xdg"),
+        pytest.param({"XDG_CACHE_HOME": "relative", "HOME": "/h"}, id="relative-xdg-ignored"),
+        pytest.param({"HOME": "/h"}, id="home"),
+        pytest.param({"XDG_CACHE_HOME": ""}, id="empty"),
+    ],
+)
+def test_the_cache_folder_is_paths(env: dict[str, str]) -> None:
+    from safe_llama.paths import cache_dir
+
+    assert early.cache_root(env) == str(cache_dir(env))
+
+
+def test_the_host_figures_are_probe_host_s() -> None:
+    from safe_llama.device.probe_host import read_meminfo, read_rlimit_as
+
+    total, available = early.meminfo() or (0, 0)
+    probed = read_meminfo()
+    assert probed is not None and total == probed[0] and abs(available - probed[1]) < 1 << 30
+    assert early.address_space_unlimited() == (read_rlimit_as() is None)
+
+
+def test_a_record_someone_else_can_write_is_not_read(tmp_path: Path) -> None:
+    import marshal
+
+    path = tmp_path / "r.marshal"
+    path.write_bytes(marshal.dumps({"format": early.FORMAT}))
+    path.chmod(0o600)
+    assert early.load(str(path)) == {"format": early.FORMAT}
+    path.chmod(0o620)
+    assert early.load(str(path)) is None
+    path.chmod(0o600)
+    path.write_bytes(marshal.dumps({"format": early.FORMAT + 1}))
+    assert early.load(str(path)) is None
+    link = tmp_path / "link.marshal"
+    link.symlink_to(path)
+    assert early.load_private(str(link)) is None
+
+
+def test_the_early_start_imports_nothing_heavy(tmp_path: Path) -> None:
+    """A lookup that finds no record costs the interpreter's start and a stat: nothing else is imported."""
+    code = (
+        "import sys; before = set(sys.modules); from safe_llama.run import early; "
+        "early.start('safe-llama', ['completion', '-m', 'x']); "
+        "print(sorted(m for m in set(sys.modules) - before if not m.startswith('safe_llama')))"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    heavy = {"enum", "signal", "subprocess", "dataclasses", "typing", "pathlib", "json", "re", "collections"}
+    assert not heavy & set(eval(done.stdout)), done.stdout  # noqa: S307 -- our own repr of a list
