@@ -29,7 +29,7 @@ _TIOCSCTTY = 0x540E  # termios.TIOCSCTTY on Linux, without importing termios on 
 def forwardable() -> tuple[int, ...]:
     # A signal the wrapper was started with ignored (nohup's SIGHUP) stays ignored: the child inherits
     # that, and there is nothing to forward.
-    return tuple(s for s in FORWARDED if _signal.getsignal(s) is not _signal.SIG_IGN)
+    return tuple(s for s in FORWARDED if _signal.getsignal(s) != _signal.SIG_IGN)
 
 
 def watched_signals(pty_mode: bool) -> list[int]:

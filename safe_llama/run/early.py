@@ -162,6 +162,9 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
         for name, digest in record["env"]:
             if env_digest(env.get(name), salt) != digest:
                 return False
+        for name, present in record["env_present"]:  # secrets: whether set, never their value
+            if (name in env) != present:
+                return False
         for prefixes, digest in record["env_prefixes"]:
             if prefixed_digest(env, prefixes, salt) != digest:
                 return False

@@ -22,7 +22,7 @@ differs under an unlimited one and is never recorded.
 
 Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
 an environment change or a line holding a secret option's value stops the record. Environment values
-are stored as digests salted per record.
+are stored as digests salted per record; the variables configs/secrets.toml names only as set or not.
 
 Owns the window and the record's contents; the reading side and the identities are early.py's.
 """
@@ -243,6 +243,15 @@ def _secret_values(tool: str, user_args: Sequence[str]) -> list[str]:
     return out
 
 
+def _secret_names(names: set[str]) -> set[str]:
+    """The variables configs/secrets.toml names (an API key, a token): a plan reads whether they are set, never
+    their value (it is the server's, or the download's), so the record holds only that. A name that only
+    contains one of its fragments (LLAMA_ARG_IMAGE_MAX_TOKENS) may be a planner input: held by digest."""
+    from safe_llama.cmdline.llama_args import secrets
+
+    return names & secrets().env
+
+
 def _same_plan(a: Prepared, b: Prepared) -> bool:
     from safe_llama.run.prepare import final_argv
 
@@ -329,6 +338,7 @@ def build(
         if least is None or memory is None or not early.address_space_unlimited():
             return None
         host = (memory[0], least)
+    hidden = _secret_names(recorder.names)
     salt = os.urandom(16)
     try:
         files, contents = _validity(recorder, _stat_inputs(prepared.binary, user_args, env), salt)
@@ -345,7 +355,8 @@ def build(
         "status": status,
         "files": files,
         "contents": contents,
-        "env": sorted((name, early.env_digest(env.get(name), salt)) for name in recorder.names),
+        "env": sorted((name, early.env_digest(env.get(name), salt)) for name in recorder.names if name not in hidden),
+        "env_present": sorted((name, name in env) for name in recorder.names if name in hidden),
         "env_prefixes": sorted((p, early.prefixed_digest(env, p, salt)) for p in recorder.prefix_scans),
         "host": host,
         "counters": oom_counter_sources(),

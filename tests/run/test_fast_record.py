@@ -143,7 +143,7 @@ def test_the_record_covers_every_file_opened_and_variable_read(setup: Setup) -> 
     assert setup.opened and not missed
     assert str(setup.model) in by_identity and str(setup.bin / "llama-completion") in by_identity
     assert record["host"] is not None  # the RAM rule applies (no cgroup or address-space limit here)
-    names = {name for name, _ in record["env"]}
+    names = {name for name, _ in [*record["env"], *record["env_present"]]}
     prefixes = tuple(p for scan, _ in record["env_prefixes"] for p in scan)
     unread = sorted(n for n in setup.env_read if n not in names and not n.startswith(prefixes))
     assert setup.env_read and not unread
@@ -261,13 +261,22 @@ def test_secrets_are_never_stored(setup: Setup) -> None:
     """The argv holds positions of the user's words, never their text; a literal holding a secret stops it."""
     secret = "argv-secret-3"  # noqa: S105 -- a test value whose absence is checked
     setup.monkeypatch.setenv("HF_TOKEN", "env-secret-2")
+    setup.monkeypatch.setenv("LLAMA_API_KEY", "env-secret-1")
     args = [*setup.args, "--api-key", secret]
     setup.launch(args)
     path = setup.record_file(["completion", *args])
     raw = path.read_bytes()
-    assert secret.encode() not in raw and b"env-secret-2" not in raw
+    assert secret.encode() not in raw and b"env-secret-2" not in raw and b"env-secret-1" not in raw
     record = early.load(str(path))
     assert record is not None
+    # a secret variable the planner looked at is held as set or not, not even as a digest of its value
+    assert ("HF_TOKEN", True) in record["env_present"]
+    assert "HF_TOKEN" not in {name for name, _ in record["env"]}
+    assert early.still_valid(record, os.environ)
+    setup.monkeypatch.setenv("HF_TOKEN", "another token")
+    assert early.still_valid(record, os.environ)
+    setup.monkeypatch.delenv("HF_TOKEN")
+    assert not early.still_valid(record, os.environ)
     assert all(isinstance(word, int) for word in record["argv"] if word in args)
     stored = [w for w in record["argv"] if isinstance(w, str)]
     assert stored == ["-fit", "off"]
