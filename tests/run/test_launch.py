@@ -214,9 +214,13 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     assert (folder.stat().st_mode & 0o777) == 0o700 and (next(folder.iterdir()).stat().st_mode & 0o777) == 0o600
     (folder / ("b" * 40 + ".json")).write_text("{not json")
     assert remember.recall("b" * 40, env) is None  # corrupt: ignored with a warning
+    records = tmp_path / "safe-llama" / "launch"
+    records.mkdir(mode=0o700)
+    (records / ("c" * 40 + ".marshal")).write_bytes(b"")
     done = _run(["forget"], env)
     assert done.returncode == 0 and "forgot 2" in done.stdout
     assert remember.recall("a" * 40, env) is None
+    assert not records.exists()  # the launch records made with them go too
 
 
 def test_attempts_are_bounded_and_strictly_smaller(seed: tuple[dict[str, str], Path, Path]) -> None:
