@@ -26,6 +26,9 @@ import json, os, sys
 if not {{"--version", "--list-devices"}} & set(sys.argv[1:]):
     with open(os.environ["SHIM_LOG"], "a") as log:
         log.write(json.dumps([sys.argv[1:], dict(os.environ)]) + "\\n")
+    for n in range(int(os.environ.get("SHIM_FLOOD", "0"))):  # at once, before the supervisor is imported
+        os.write(1, b"out %d\\n" % n)
+        os.write(2, b"err %d\\n" % n)
 os.execv({real!r}, [{real!r}, *sys.argv[1:]])
 """
 
@@ -246,3 +249,21 @@ def test_the_early_start_imports_nothing_heavy(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     heavy = {"enum", "signal", "subprocess", "dataclasses", "typing", "pathlib", "json", "re", "collections"}
     assert not heavy & set(eval(done.stdout)), done.stdout  # noqa: S307 -- our own repr of a list
+
+
+@pytest.mark.slow
+def test_output_written_before_the_supervisor_is_imported_is_relayed_whole_and_in_order(
+    shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    """The child writes more than a pipe holds before the supervisor can read: it waits, nothing is lost."""
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    plans = _plans(env)
+    count = 20000  # about 180 KiB on each stream
+    code, out, err, _ = _run(args, {**env, "SHIM_FLOOD": str(count)}, tmp_path)
+    assert code == 0 and _plans(env) == plans  # started early
+    lines = err.splitlines()
+    flood = [line for line in lines if line.startswith("err ")]
+    assert flood == [f"err {n}" for n in range(count)]
+    assert out.splitlines()[:count] == [f"out {n}" for n in range(count)]
+    assert lines.index(_ours(err)[0]) < lines.index("err 0")  # safe-llama's lines first, as before a spawn
