@@ -143,18 +143,21 @@ class LaunchRecord:
         self.argv, self.prepared, self.options, self.status = argv, prepared, options, status
 
     def __call__(self) -> None:
-        from safe_llama.run import fast_record
+        try:
+            from safe_llama.run import fast_record
 
-        door, door_args = self.door
-        record = fast_record.build(
-            self.recorder,
-            tool=self.tool,
-            user_args=self.user_args,
-            door_args=door_args,
-            argv=self.argv,
-            prepared=self.prepared,
-            options=self.options,
-            status=self.status,
-        )
-        if record is not None:
-            fast_record.store(record, door, door_args, self.recorder.raw)
+            door, door_args = self.door
+            record = fast_record.build(
+                self.recorder,
+                tool=self.tool,
+                user_args=self.user_args,
+                door_args=door_args,
+                argv=self.argv,
+                prepared=self.prepared,
+                options=self.options,
+                status=self.status,
+            )
+            if record is not None:
+                fast_record.store(record, door, door_args, self.recorder.raw)
+        except Exception:  # noqa: BLE001 -- a record is an optimisation: never the reason a ready launch fails
+            return

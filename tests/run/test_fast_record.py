@@ -313,3 +313,12 @@ def test_a_stray_line_on_stderr_stops_the_record(setup: Setup, monkeypatch: pyte
     monkeypatch.setattr(prepare, "prepare", noisy)
     setup.launch()
     assert not setup.record_file().exists()
+
+
+def test_a_record_that_cannot_be_built_never_fails_the_launch(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug in the record")
+
+    monkeypatch.setattr(fast_record, "build", broken)
+    assert setup.launch() == 0
+    assert not setup.record_file().exists()
