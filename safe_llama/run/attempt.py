@@ -159,5 +159,5 @@ class LaunchRecord:
             )
             if record is not None:
                 fast_record.store(record, door, door_args, self.recorder.raw)
-        except Exception:  # noqa: BLE001 -- a record is an optimisation: never the reason a ready launch fails
+        except Exception:  # a record is an optimisation: never the reason a ready launch fails
             return
