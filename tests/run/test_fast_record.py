@@ -172,11 +172,16 @@ def test_the_binary_replaced_refuses_the_record(setup: Setup) -> None:
     assert not setup.valid()
 
 
-def test_a_config_file_created_refuses_the_record(setup: Setup) -> None:
+def test_a_config_file_created_or_changed_refuses_the_record(setup: Setup) -> None:
     setup.launch()
     assert setup.valid()
-    (setup.config / "safe-llama").mkdir(parents=True)
-    (setup.config / "safe-llama" / "config.toml").write_text("[launcher]\nmin_ctx = 512\n")
+    config = setup.config / "safe-llama" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[launcher]\nmin_ctx = 512\n")
+    assert not setup.valid()
+    setup.launch()
+    assert setup.valid()  # a record made under it
+    config.write_text("[launcher]\nmin_ctx = 1024\n")
     assert not setup.valid()
 
 

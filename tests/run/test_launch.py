@@ -287,10 +287,15 @@ def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]
     args = ["-m", str(model), "-c", "65536", "--api-key", "argv-secret-3", "--port", "1"]
     shown = _run(["plan", "--json", "server", *args], env)
     launched = _run(["server", *args], env)
+    # a completion that becomes ready writes a launch record; the second starts from it
+    completion = ["completion", "-m", str(model), "-c", "4096", "-p", "Once", "-n", "8", "-hft", "argv-secret-4"]
+    done = [_run(completion, {**env, "FAKE_TOOL": "completion"}) for _ in range(2)]
+    assert [d.returncode for d in done] == [0, 0]
+    assert list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "launch").glob("*.marshal"))
     stored = "".join(p.read_text(errors="replace") for p in Path(env["XDG_CACHE_HOME"]).rglob("*") if p.is_file())
-    for secret in ("env-secret-1", "env-secret-2", "argv-secret-3"):
+    for secret in ("env-secret-1", "env-secret-2", "argv-secret-3", "argv-secret-4"):
         assert secret not in shown.stdout + shown.stderr
-        assert secret not in launched.stderr
+        assert secret not in launched.stderr + done[0].stderr + done[1].stderr
         assert secret not in stored
     assert "<redacted>" in shown.stdout
 
