@@ -112,14 +112,15 @@ class Proc:
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str],
-    fds: tuple[int, int, int],
+    fds: tuple[int | None, int, int],
     *,
     parent: int,
     controlling_tty: bool,
     foreground_fd: int | None,
 ) -> Proc:
-    """Fork and exec argv (never through a shell) with fds as its 0, 1, 2; OSError (with the exec's errno)
-    when it could not be executed, with no child left behind.
+    """Fork and exec argv (never through a shell) with fds as its 0, 1, 2 (None: its stdin left as this
+    process's, as subprocess's stdin=None); OSError (with the exec's errno) when it could not be executed,
+    with no child left behind.
 
     controlling_tty: the child leads a new session whose terminal is its stdin (the pty). Otherwise it gets
     a process group of its own, made the terminal's foreground group when foreground_fd is given (SIGTTOU
@@ -162,14 +163,27 @@ def spawn(
     return Proc(pid)
 
 
+def high_pipe() -> tuple[int, int]:
+    """A pipe whose ends are above 2, even when this process was started with 0, 1 or 2 closed."""
+    ends = os.pipe()
+    if min(ends) > 2:
+        return ends
+    import fcntl
+
+    moved = (fcntl.fcntl(ends[0], fcntl.F_DUPFD_CLOEXEC, 3), fcntl.fcntl(ends[1], fcntl.F_DUPFD_CLOEXEC, 3))
+    os.close(ends[0])
+    os.close(ends[1])
+    return moved
+
+
 def spawn_on_pipes(
-    argv: Sequence[str], env: Mapping[str, str], fds: tuple[int, int, int], foreground_fd: int | None
+    argv: Sequence[str], env: Mapping[str, str], fds: tuple[int | None, int, int], foreground_fd: int | None
 ) -> tuple[Proc, int, int | None]:
     """spawn() in its own process group with stdout and stderr on pipes (one pipe when fds[1] and fds[2] are
     one file): the child, and the read ends of its stdout and stderr pipes (None: combined). OSError as spawn."""
     combined = same_file(fds[1], fds[2])
-    out_src, out_sink = os.pipe()
-    err_src, err_sink = (None, out_sink) if combined else os.pipe()
+    out_src, out_sink = high_pipe()
+    err_src, err_sink = (None, out_sink) if combined else high_pipe()
     try:
         proc = spawn(argv, env, (fds[0], out_sink, err_sink), parent=os.getpid(), controlling_tty=False,
                      foreground_fd=foreground_fd)  # fmt: skip
@@ -193,7 +207,7 @@ def spawn_on_pipes(
 def _child(
     prctl: object,
     parent: int,
-    fds: tuple[int, int, int],
+    fds: tuple[int | None, int, int],
     err_write: int,
     max_fd: int,
     controlling_tty: bool,
@@ -205,8 +219,10 @@ def _child(
     if controlling_tty:
         os.setsid()
     # sources below 3 moved out of the way first, so one target's dup2 never overwrites another's source
-    moved = [os.dup(fd) if fd < 3 and fd != target else fd for target, fd in enumerate(fds)]
+    moved = [os.dup(fd) if fd is not None and fd < 3 and fd != target else fd for target, fd in enumerate(fds)]
     for target, fd in enumerate(moved):
+        if fd is None:
+            continue  # left as it is (it may be closed)
         if fd == target:
             os.set_inheritable(fd, True)
         else:

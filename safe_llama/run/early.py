@@ -259,7 +259,7 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -
     counters = read_counters(sources)
     foreground = childproc.terminal_foreground(0)
     try:
-        proc, out_src, err_src = childproc.spawn_on_pipes(argv, child_env, (0, 1, 2), foreground)
+        proc, out_src, err_src = childproc.spawn_on_pipes(argv, child_env, (None, 1, 2), foreground)
     except OSError:  # the normal path finds the binary again, and says what is wrong with it
         childproc.restore_mask(mask_before)
         return None

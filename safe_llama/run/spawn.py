@@ -58,7 +58,7 @@ class Child:
     def all_relays(self) -> list[Relay]:
         return [*self.relays, *([self.input_relay] if self.input_relay is not None else [])]
 
-    def _spawn(self, fds: tuple[int, int, int], foreground_fd: int | None) -> Proc:
+    def _spawn(self, fds: tuple[int | None, int, int], foreground_fd: int | None) -> Proc:
         try:
             return childproc.spawn(
                 self.argv,
@@ -73,8 +73,9 @@ class Child:
 
     def _start_pipes(self, foreground_fd: int | None) -> None:
         try:
+            stdin = None if self.stdin_fd == 0 else self.stdin_fd  # 0: inherited as it is (maybe closed)
             proc, out_src, err_src = childproc.spawn_on_pipes(
-                self.argv, self.env, (self.stdin_fd, self.stdout_fd, self.stderr_fd), foreground_fd
+                self.argv, self.env, (stdin, self.stdout_fd, self.stderr_fd), foreground_fd
             )
         except OSError as err:
             raise spawn_error(self.argv[0], err) from None
@@ -90,7 +91,7 @@ class Child:
             fcntl.ioctl(slave, termios.TIOCSWINSZ, terminal.window_size())
             stderr_is_tty = os.isatty(self.stderr_fd)
             if not stderr_is_tty:
-                err_src, err_sink = os.pipe()
+                err_src, err_sink = childproc.high_pipe()
                 self.relays.append(pipe_relay(err_src, self.stderr_fd, Stream.STDERR))
             self.proc = self._spawn((slave, slave, slave if err_sink is None else err_sink), None)
         finally:

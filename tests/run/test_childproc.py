@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,11 +17,15 @@ from safe_llama.run import childproc
 
 REPORT = """
 import json, os, signal, sys
+try:
+    stdin_open = bool(os.fstat(0))
+except OSError:
+    stdin_open = False
 fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
 print(json.dumps({
     "pgid": os.getpgrp(), "pid": os.getpid(),
     "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-    "env": os.environ.get("ONLY"), "fds": fds,
+    "env": os.environ.get("ONLY"), "fds": fds, "stdin_open": stdin_open,
 }))
 sys.stderr.write("to stderr\\n")
 """
@@ -104,3 +109,18 @@ def test_sigpipe_and_sigxfsz_are_default_as_subprocess_leaves_them() -> None:
     for signo in (signal.SIGPIPE, signal.SIGXFSZ):
         assert not ignored & (1 << (signo - 1))
     assert blocked == 0
+
+
+def test_a_closed_stdin_stays_closed_and_the_pipes_stay_above_2(tmp_path: Path) -> None:
+    """Started with fd 0 closed (`<&-`): the child's stdin is left closed, as subprocess's stdin=None left it,
+    and no pipe end lands on 0 (the child would read its own output)."""
+    code = (
+        "import os, sys, json; os.close(0); from safe_llama.run import childproc; "
+        f"proc, out, err = childproc.spawn_on_pipes([sys.executable, '-c', {REPORT!r}], dict(os.environ), "
+        "(None, 1, 2), None); data = b''\n"
+        "while chunk := os.read(out, 65536): data += chunk\n"
+        "print(json.dumps([out, json.loads(data)['stdin_open'], proc.wait()]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out, stdin_open, status = json.loads(done.stdout)
+    assert out > 2 and not stdin_open and status == 0
