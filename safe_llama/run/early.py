@@ -1,12 +1,13 @@
 """The early start: a launch whose plan is already known starts llama.cpp before the planner and the
 supervisor are imported, from a launch record (fast_record.py writes it when a launch becomes ready).
 
-A record is found by the launch's own words (which door, its argv, the working directory) and used only
-while everything its plan was made from is as it was: safe-llama's own files, every file and directory the
-plan read (by identity: device, inode, size, mtime; /proc and /sys ones by content), every environment
-variable it read (by a salted digest of the value), and a host budget still at least what the plan needs
-(fast_record.py says why that rule is sound). The child then gets the recorded argv and environment
-changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
+A record is found by the launch's own words (which door, its argv with the values of secret options
+masked, the working directory) and used only while everything its plan was made from is as it was:
+safe-llama's own files, every file and directory the plan read (by identity: device, inode, size, mtime;
+/proc and /sys ones by content), every environment variable it read (by a salted digest of the value; a
+secret one, which no plan reads the value of, by whether it is set), and a host budget still at least what
+the plan needs (fast_record.py says why that rule is sound). The child then gets the recorded argv and
+environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
 sys, marshal, _blake2, _signal and childproc only: no enum, signal, subprocess, dataclasses, typing,
@@ -26,7 +27,7 @@ from safe_llama.run import childproc
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
     from typing import Any
 
 FORMAT = 1
@@ -52,10 +53,37 @@ def _blake(data: bytes, salt: bytes = b"") -> str:
     return blake2b(data, digest_size=20, key=salt).hexdigest()
 
 
-def key(door: str, args: Sequence[str], cwd: str) -> str:
-    """The record's file name: which door (safe-llama or a tool's drop-in), the words given, where."""
-    text = "\0".join([str(FORMAT), __version__, sys.executable, door, cwd, *args])
+def key(door: str, args: Sequence[str], cwd: str, hidden: Collection[str] = ()) -> str:
+    """The record's file name: which door (safe-llama or a tool's drop-in), the words given (the values of
+    the secret options in hidden masked: not even a digest of them names a file), where."""
+    text = "\0".join([str(FORMAT), __version__, sys.executable, door, cwd, *masked(args, hidden)])
     return _blake(text.encode("utf-8", "surrogateescape"))
+
+
+def masked(args: Sequence[str], hidden: Collection[str]) -> list[str]:
+    """args with the value of every option in hidden replaced, as llama_args.redact_argv finds them (a test
+    holds the two to the same words)."""
+    out = list(args)
+    for i, word in enumerate(out):
+        spelled = word.replace("_", "-") if word.startswith("--") else word
+        name, eq, _ = spelled.partition("=")
+        if name in hidden and eq:
+            out[i] = f"{word.partition('=')[0]}=\0"
+        elif spelled in hidden and i + 1 < len(out):
+            out[i + 1] = "\0"
+    return out
+
+
+def secret_options_path(env: Mapping[str, str]) -> str:
+    """Every spelling of a secret option (configs/secrets.toml, widened by the option table), kept beside the
+    records by the launch that writes one (fast_record.store)."""
+    return os.path.join(cache_root(env), FOLDER, "secret-options")  # marshal, not a record (*.marshal)
+
+
+def secret_options(env: Mapping[str, str]) -> frozenset[str] | None:
+    kept = load_private(secret_options_path(env))
+    options = kept.get("options") if kept is not None else None
+    return frozenset(map(str, options)) if isinstance(options, list) else None
 
 
 def record_path(env: Mapping[str, str], digest: str) -> str:
@@ -241,7 +269,10 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -
         cwd = os.getcwd()
     except OSError:
         return None
-    path = record_path(env, key(door, args, cwd))
+    hidden = secret_options(env)
+    if hidden is None:  # no launch has written a record yet
+        return None
+    path = record_path(env, key(door, args, cwd, hidden))
     record = load(path)
     if record is None or not still_valid(record, env):
         return None

@@ -23,6 +23,7 @@ differs under an unlimited one and is never recorded.
 Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
 an environment change or a line holding a secret option's value stops the record. Environment values
 are stored as digests salted per record; the variables configs/secrets.toml names only as set or not.
+The record's file name hashes the words with the secret options' values masked (early.key).
 
 Owns the window and the record's contents; the reading side and the identities are early.py's.
 """
@@ -367,11 +368,22 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
     """Write the record (0600 in a 0700 folder, atomically); an unwritable cache only means no early start."""
     import marshal
 
-    path = Path(early.record_path(env, early.key(door, door_args, os.getcwd())))
+    hidden = secret_options()
+    path = Path(early.record_path(env, early.key(door, door_args, os.getcwd(), hidden)))
     try:
+        if early.secret_options(env) != hidden:
+            state.write_bytes(Path(early.secret_options_path(env)), marshal.dumps({"options": sorted(hidden)}))
         state.write_bytes(path, marshal.dumps(dict(record)))
     except (OSError, ValueError):
         return
+
+
+def secret_options() -> frozenset[str]:
+    """Every spelling of a secret option, for any tool (the record's name masks their values: early.key)."""
+    from safe_llama.cmdline.launch_args import TOOLS
+    from safe_llama.cmdline.llama_args import secrets
+
+    return frozenset().union(*(secrets(tool).options for tool in TOOLS))
 
 
 def drop(path: str) -> None:

@@ -109,7 +109,8 @@ class Setup:
 
     def record_file(self, door_args: list[str] | None = None) -> Path:
         door_args = self.door_args if door_args is None else door_args
-        return Path(early.record_path(os.environ, early.key("safe-llama", door_args, os.getcwd())))
+        hidden = fast_record.secret_options()
+        return Path(early.record_path(os.environ, early.key("safe-llama", door_args, os.getcwd(), hidden)))
 
     def record(self) -> dict[str, Any]:
         loaded = early.load(str(self.record_file()))
@@ -327,3 +328,27 @@ def test_a_record_that_cannot_be_built_never_fails_the_launch(setup: Setup, monk
     monkeypatch.setattr(fast_record, "build", broken)
     assert setup.launch() == 0
     assert not setup.record_file().exists()
+
+
+def test_a_record_s_name_masks_secret_values_as_redact_argv_finds_them() -> None:
+    """The file name hashes the words with every secret value masked: no digest of a key names a file, and
+    launches that differ only in a key share the record (the key itself comes from the words, by position)."""
+    import random
+
+    from safe_llama.cmdline.llama_args import REDACTED, redact_argv
+
+    hidden = fast_record.secret_options()
+    assert {"--api-key", "-hft", "--hf-token"} <= hidden
+    spellings = [*sorted(hidden), "--api_key", "--api-key=k", "--hf_token=t", "-m", "x", "k", "--port", "1"]
+    rng = random.Random("masked")
+    for _ in range(2000):
+        words = [rng.choice(spellings) for _ in range(rng.randint(0, 6))]
+        shown = redact_argv(words, "server")
+        expected = [w.replace(REDACTED, "\0") if w != o else w for w, o in zip(shown, words, strict=True)]
+        assert early.masked(words, hidden) == expected, words
+    one = early.key("safe-llama", ["server", "-m", "x", "--api-key", "k1"], "/", hidden)
+    two = early.key("safe-llama", ["server", "-m", "x", "--api-key", "k2"], "/", hidden)
+    assert one == two != early.key("safe-llama", ["server", "-m", "y", "--api-key", "k1"], "/", hidden)
+    assert early.key("safe-llama", ["server", "--api-key", "k1"], "/") != early.key(
+        "safe-llama", ["server", "--api-key", "k2"], "/"
+    )
