@@ -9,7 +9,9 @@
 - RSS: the supervisor's resident memory while it watches a llama-server that answers /health.
 
 Each --tree (a checkout, e.g. the one before a change) gets its own rows, interleaved with the others, so a
-before/after comparison shares the machine's moments. Bytecode is written and used, as in an installed
+before/after comparison shares the machine's moments, and its own cache folder (as one installed safe-llama
+has): the launch after the first starts from the launch record the first wrote (run/early.py), as a
+user's second launch of the same command does. Bytecode is written and used, as in an installed
 package (PYTHONDONTWRITEBYTECODE is dropped from the children's environment).
 """
 
@@ -78,7 +80,10 @@ def main() -> int:
     base["PYTHONSAFEPATH"] = "1"  # `python -c` would put the working directory (this tree) before PYTHONPATH
     py = sys.executable
     trees = {"this": ROOT, **{Path(t).name: Path(t).resolve() for t in opts.tree}}
-    envs = {name: {**base, "PYTHONPATH": str(tree)} for name, tree in trees.items()}
+    # a cache folder per tree: one tree's launch rewrites the remembered plan another's launch record holds
+    envs = {
+        name: {**base, "PYTHONPATH": str(tree), "XDG_CACHE_HOME": str(cache / name)} for name, tree in trees.items()
+    }
     launch = [py, "-c", MAIN, "completion", "-m", model, *LAUNCH_ARGS]
     plan = [py, "-c", MAIN, "plan", "--json", "completion", "-m", model, *LAUNCH_ARGS]
     passthrough = [py, "-c", PASSTHROUGH_ENTRY, "--version"]

@@ -27,16 +27,18 @@ _LITERALS = ("", ",", "\n", " def ", "(", ")", ":\n", ", ", "def __create_fn__("
 _RETURN_NAMES = ("_return_type", "__dataclass_return_type__")
 
 
-def cache_file(folder: Path) -> Path:
+def cache_file(folder: Path, part: str = "") -> Path:
     from importlib.util import MAGIC_NUMBER
 
     tag = f"{sys.implementation.cache_tag}-{MAGIC_NUMBER.hex()}"
-    return folder / f"dataclass-methods-{tag}.marshal"
+    return folder / f"dataclass-methods-{part + '-' if part else ''}{tag}.marshal"
 
 
-def install(env: Mapping[str, str] = os.environ) -> bool:
+def install(env: Mapping[str, str] = os.environ, part: str = "") -> bool:
     """Serve dataclass methods from the cache from now on; False when this Python's dataclasses differ (then
-    nothing changes). An unusable cache folder only means compiling as Python would."""
+    nothing changes). An unusable cache folder only means compiling as Python would. part: a path that
+    creates few of the classes keeps its own, smaller file (an early start's supervisor: "early"), as
+    loading all of them would cost more than compiling its own."""
     import dataclasses
 
     create = getattr(dataclasses, "_create_fn", None)
@@ -50,7 +52,7 @@ def install(env: Mapping[str, str] = os.environ) -> bool:
     return_name = returns[0]
     from safe_llama.paths import cache_dir
 
-    path = cache_file(cache_dir(env) / "python")
+    path = cache_file(cache_dir(env) / "python", part)
     codes = _load(path)
     before = len(codes)
     used: set[str] = set()

@@ -57,6 +57,11 @@ def check_cache(root: Path) -> str | None:
 
 def write_json(path: Path, value: Any) -> None:
     """Write to a temp file in the same directory, fsync, then os.replace: readers see old or new."""
+    write_bytes(path, json.dumps(value, separators=(",", ":")).encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """write_json's discipline for bytes already made (a marshal record)."""
     if _writes_off:
         return
     make_dirs(path.parent)
@@ -64,9 +69,9 @@ def write_json(path: Path, value: Any) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)
-            json.dump(value, f, separators=(",", ":"))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

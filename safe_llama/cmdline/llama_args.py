@@ -302,6 +302,11 @@ def _value_error(spec: OptionSpec, value: str | bool | tuple[str, str]) -> str |
     return None
 
 
+def value_checked(spec: OptionSpec) -> bool:
+    """A value llama.cpp's parser may reject (see _value_error)."""
+    return spec.kind == "value" and (spec.value_type == "int" or spec.key in _STRING_READERS)
+
+
 def rewrite(cmd: CommandLine, changes: Mapping[str, str | bool], table: ArgTable | None = None) -> list[str]:
     """argv with each changed option set explicitly.
 

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, read_gpu_layers, read_tensor_split, stoi
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.cache_types import CACHE_TYPES
@@ -221,4 +222,4 @@ def listen_of(cmd: CommandLine) -> Listen:
 
 def tool_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment variables llama.cpp reads for its options (for display and planning)."""
-    return {k: v for k, v in env.items() if k.startswith("LLAMA_ARG_") or k.startswith("GGML_")}
+    return env_scan.prefixed(env, ("LLAMA_ARG_", "GGML_"))

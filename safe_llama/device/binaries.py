@@ -8,40 +8,17 @@ only stats files.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from safe_llama.device.self_check import is_self as _is_self
+from safe_llama.device.self_check import own_paths
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import pinned_bin_dirs
 
 TOOL_BINARY = {
     "cli": "llama-cli", "server": "llama-server", "completion": "llama-completion", "rpc-server": "ggml-rpc-server",
 }  # fmt: skip
-
-
-def own_paths() -> list[str]:
-    """safe-llama's own entry points, as real paths: argv[0] and the console scripts beside it."""
-    paths = [os.path.realpath(sys.argv[0])]
-    here = Path(sys.argv[0]).resolve().parent
-    for name in ("safe-llama", "safe-llama-cli", "safe-llama-server", "safe-llama-completion"):
-        candidate = here / name
-        if candidate.exists():
-            paths.append(os.path.realpath(candidate))
-    return paths
-
-
-def _is_self(path: str, own: Sequence[str]) -> bool:
-    real = os.path.realpath(path)
-    if real in own:
-        return True
-    # a symlink or copy of our console script: a Python script naming safe_llama
-    try:
-        with open(real, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return False
-    return head.startswith(b"#!") and b"safe_llama" in head
 
 
 def find_binary(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
+from safe_llama.cmdline import env_scan
 from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
 from safe_llama.device.host_budget import HostBudget, host_budget
@@ -139,7 +140,7 @@ def load_profiles(env: Mapping[str, str] = os.environ) -> tuple[DeviceProfile, .
 
 
 def _env_key(env: Mapping[str, str], prefixes: tuple[str, ...]) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes)]
+    return [f"{k}={v}" for k, v in sorted(env_scan.prefixed(env, prefixes).items())]
 
 
 def _boot_id() -> str:
@@ -187,7 +188,7 @@ def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: b
         (payload, probed_at), cached = hit, True
     else:
         # A refused GGML_OPENVINO_DEVICE aborts; without this ggml attaches gdb to print a backtrace first.
-        child_env = {**env, "GGML_NO_BACKTRACE": "1"}
+        child_env = {**env_scan.whole(env), "GGML_NO_BACKTRACE": "1"}
         listing = run_capture([real, "--list-devices"], env=child_env, timeout=60.0)
         version = run_capture([real, "--version"], env=child_env, timeout=30.0)
         payload = {

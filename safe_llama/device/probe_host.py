@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from safe_llama.device.oom_counters import read_counters
+
 # cgroup v1 says "no limit" with PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages).
 _V1_UNLIMITED = 1 << 62
 
@@ -184,22 +186,19 @@ def probe_host(
     )
 
 
-def oom_counters(
+def oom_counter_sources(
     *,
     proc_cgroup: Path = Path("/proc/self/cgroup"),
     cgroup_root: Path = Path("/sys/fs/cgroup"),
     vmstat: Path = Path("/proc/vmstat"),
-) -> dict[str, int]:
-    """The counters that rise when memory runs out, for this process's cgroup and each parent (a parent's
-    limit binds its children) and for the whole machine: where a child of ours would be OOM-killed.
+) -> list[tuple[str, str | None]]:
+    """Where the counters that rise when memory runs out are, as (file, field) for oom_counters.read_counters:
+    this process's cgroup and each parent (a parent's limit binds its children) and the whole machine.
 
     cgroup v2 memory.events oom_kill; v1 memory.oom_control oom_kill and memory.failcnt (the limit was hit);
-    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved). Names are "file field".
+    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved).
     """
-    counters: dict[str, int] = {}
-    machine = _stat_field(vmstat, ("oom_kill",))
-    if machine is not None:
-        counters[f"{vmstat} oom_kill"] = machine
+    sources: list[tuple[str, str | None]] = [(str(vmstat), "oom_kill")]
     text = _read(proc_cgroup) or ""
     entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
     places: list[tuple[Path, str, tuple[tuple[str, str | None], ...]]] = []
@@ -214,14 +213,21 @@ def oom_counters(
     for base, path, files in places:
         directory = _own_dir(base, path)
         while True:
-            for name, field in files:
-                value = _int(_read(directory / name)) if field is None else _stat_field(directory / name, (field,))
-                if value is not None:
-                    counters[f"{directory / name}{'' if field is None else ' ' + field}"] = value
+            sources.extend((str(directory / name), field) for name, field in files)
             if directory == base or base not in directory.parents:
                 break
             directory = directory.parent
-    return counters
+    return sources
+
+
+def oom_counters(
+    *,
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    vmstat: Path = Path("/proc/vmstat"),
+) -> dict[str, int]:
+    """The counters that rise when memory runs out (oom_counter_sources), read now. Names are "file field"."""
+    return read_counters(oom_counter_sources(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root, vmstat=vmstat))
 
 
 def oom_evidence(before: Mapping[str, int], after: Mapping[str, int]) -> str | None:

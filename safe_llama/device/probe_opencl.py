@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
+from safe_llama.cmdline import env_scan
 from safe_llama.device.proc import run_capture
 from safe_llama.errors import SafeLlamaError
 
@@ -121,7 +122,7 @@ def fingerprint(env: Mapping[str, str]) -> str:
     if spec is not None and spec.origin:
         package = Path(spec.origin).parent
         parts.extend(_stat_text(p) for p in sorted(package.glob("_cl*.so")))
-    parts.extend(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES))
+    parts.extend(f"{k}={v}" for k, v in sorted(env_scan.prefixed(env, ENV_PREFIXES).items()))
     return state.digest("\n".join(parts))
 
 
@@ -274,7 +275,7 @@ def probe_opencl_isolated(env: Mapping[str, str] = os.environ, *, timeout: float
     """probe_opencl in a child Python. A broken driver that crashes or hangs cannot take safe-llama with
     it, and the ICDs read `env` (pocl reads POCL_MEMORY_LIMIT when it loads, NEO its debug keys)."""
     package_root = str(Path(__file__).resolve().parent.parent)
-    child_env = dict(env)
+    child_env = env_scan.whole(env)
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         captured = run_capture([sys.executable, "-m", "safe_llama.device.probe_opencl"], env=child_env, timeout=timeout)

@@ -8,32 +8,26 @@ process handling is supervise.py's, the decisions the planner's.
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safe_llama.cmdline.llama_args import redact_argv
-from safe_llama.device.binaries import find_binary
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
-from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared, final_argv, prepare, replan
-from safe_llama.run.retry import Attempt, Learned, learn
+from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
 from safe_llama.units import human
 
-if TYPE_CHECKING:
-    from safe_llama.run.readiness import ReadinessProbe
-    from safe_llama.run.relay import Stream
-    from safe_llama.run.signatures import Failure, SignatureTable
-    from safe_llama.run.supervise import Verdict
+if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
+    from safe_llama.run.early import Early
+    from safe_llama.run.fast_record import Recorder
+    from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
+    from safe_llama.run.retry import Attempt
+    from safe_llama.run.supervise import Outcome
 
-EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
-EXTEND_EVERY = 10.0
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
 # Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
 # seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
@@ -61,13 +55,29 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
     return remember.key(identity)
 
 
-def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchOptions) -> int:
-    """The whole launch; returns the exit code safe-llama leaves with."""
+def run(
+    tool: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    options: LaunchOptions,
+    *,
+    recorder: Recorder | None = None,
+    door: tuple[str, Sequence[str]] | None = None,
+    first: Outcome | None = None,
+) -> int:
+    """The whole launch; returns the exit code safe-llama leaves with. recorder: the window that notes what
+    this launch reads until attempt 1 starts (env is its recording mapping), for a launch record keyed by
+    door (which door, its words); first: attempt 1 already ran (started early, it failed for memory)."""
+    from safe_llama.cmdline.llama_args import redact_argv
+    from safe_llama.device.binaries import find_binary
     from safe_llama.run import remember, supervise
+    from safe_llama.run.prepare import final_argv, prepare, replan
     from safe_llama.run.readiness import probe_for
+    from safe_llama.run.retry import Learned, learn
     from safe_llama.run.signatures import load_table
 
-    say = Say(env)
+    raw_env = recorder.raw if recorder is not None else env
+    say = Say(raw_env)
     supervise.check_not_nested(env)
     unusable = check_cache(cache_dir(env))
     if unusable is not None:
@@ -75,8 +85,8 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         say(f"{unusable}: running without caching or remembering plans", "warning")
     binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
-    notifier = Notifier(env)
-    base_env = child_env(env)
+    notifier = Notifier(raw_env)
+    base_env = child_env(raw_env)
     plan_options = options.plan
     try:
         prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
@@ -89,6 +99,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
         say(f"not planning ({err.message.removeprefix('safe-llama: ')}); running llama.cpp as given", "warning")
         prepared = None
     digest = None
+    recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
     if prepared is not None and options.remember:
         digest = _remember_key(prepared, binary)
         known = remember.recall(digest, env)
@@ -102,6 +113,7 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
             prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
+            recalled = True
     attempt = 0
     last_kv: tuple[int, int] | None = None
     learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
@@ -120,8 +132,12 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
                 raise SafeLlamaError(
                     f"{prepared.error.message} (after {attempt - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
                 )
-            for step in prepared.plan.steps:
-                say(step.reason)
+            if first is None or attempt > 1:  # an early start said them already
+                for step in prepared.plan.steps:
+                    if recorder is not None and attempt == 1:
+                        recorder.say(say, step.reason)
+                    else:
+                        say(step.reason)
             argv = final_argv(prepared)
             extra_env = dict(prepared.plan.env_changes)
             kv_now = _footprint(prepared)
@@ -131,27 +147,35 @@ def run(tool: str, args: Sequence[str], env: Mapping[str, str], options: LaunchO
                 f"{human(last_kv[0])} of it on the device); giving up after {attempt - 1} attempt(s)",
                 ExitStatus.RETRIES_EXHAUSTED,
             )
-        notifier.status(f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200])
-        on_ready = _ReadyActions(say, notifier, attempt)
-        if (
-            prepared is not None
-            and digest is not None
-            and prepared.plan is not None
-            and attempt_is_planned(attempt, options)
-        ):
-            on_ready.store = (digest, prepared, plan_options, env)
-        probe = probe_for(tool, argv, {**base_env, **extra_env})
-        on_ready.health = probe.check if tool == "server" else None
-        notifier.extend_timeout(EXTEND_TIMEOUT)
-        outcome = supervise.launch(
-            [str(binary), *argv],
-            {**base_env, **extra_env},
-            watcher=_Watcher(table, on_ready),
-            probe=_NotifyingProbe(probe, notifier) if notifier.enabled else probe,
-        )
-        on_ready.stop_watchdog()
-        if outcome.ready:
-            notifier.stopping()
+        if first is not None and attempt == 1:
+            outcome = first
+        else:
+            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200]
+            notifier.status(status)
+            on_ready = ReadyActions(say, notifier, attempt)
+            if (
+                prepared is not None
+                and digest is not None
+                and prepared.plan is not None
+                and attempt_is_planned(attempt, options)
+            ):
+                on_ready.store = (digest, prepared, plan_options, env)
+                if recorder is not None and door is not None and attempt == 1 and not recalled:
+                    on_ready.record = LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
+            probe = probe_for(tool, argv, {**base_env, **extra_env})
+            on_ready.health = probe.check if tool == "server" else None
+            notifier.extend_timeout(EXTEND_TIMEOUT)
+            if recorder is not None:
+                recorder.close()  # the window ends where attempt 1 starts
+            outcome = supervise.launch(
+                [str(binary), *argv],
+                {**base_env, **extra_env},
+                watcher=Watcher(table, on_ready),
+                probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+            )
+            on_ready.stop_watchdog()
+            if outcome.ready:
+                notifier.stopping()
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure
@@ -242,88 +266,11 @@ def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
     return options.predict or attempt > 1
 
 
-class _ReadyActions:
-    """What happens the moment start-up is over: remember the plan, tell systemd, keep its watchdog fed
-    while llama-server's /health answers 200 (and only then: systemd restarts a server that stops)."""
-
-    def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
-        self.say = say
-        self.notifier = notifier
-        self.attempt = attempt
-        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
-        self.health: Callable[[], bool] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __call__(self) -> None:
-        if self.store is not None:
-            digest, prepared, options, env = self.store
-            _store(digest, prepared, options, env)
-        self.notifier.ready(f"ready (attempt {self.attempt})")
-        interval = self.notifier.watchdog_interval
-        if interval is not None:
-            # started from inside supervise.launch, so the thread inherits its blocked signal mask
-            self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
-            self._thread.start()
-
-    def _watchdog(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            if self.health is None or self.health():
-                self.notifier.watchdog()
-
-    def stop_watchdog(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-
-class _NotifyingProbe:
-    """The readiness probe, plus EXTEND_TIMEOUT_USEC to systemd while loading goes on."""
-
-    def __init__(self, inner: ReadinessProbe, notifier: Notifier) -> None:
-        self._inner = inner
-        self._notifier = notifier
-        self._last = time.monotonic()
-
-    def output(self, stream: Stream, data: bytes) -> bool:
-        return self._inner.output(stream, data)
-
-    def poll_interval(self) -> float | None:
-        inner = self._inner.poll_interval()
-        return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)
-
-    def check(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= EXTEND_EVERY:
-            self._notifier.extend_timeout(EXTEND_TIMEOUT)
-            self._last = now
-        return self._inner.check()
-
-
-class _Watcher:
-    """The signature watcher, plus the ready actions."""
-
-    def __init__(self, table: SignatureTable, on_ready: _ReadyActions) -> None:
-        from safe_llama.run.supervise import SignatureWatcher
-
-        self._inner = SignatureWatcher(table)
-        self._on_ready = on_ready
-
-    def output(self, stream: Stream, data: bytes) -> Verdict:
-        return self._inner.output(stream, data)
-
-    def ready(self) -> None:
-        self._inner.ready()
-        self._on_ready()
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        return self._inner.conclude(returncode, oom_evidence)
-
-
 def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
     """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
     from safe_llama.model.kv import plan_kv
     from safe_llama.plan.compute import compute_estimate
+    from safe_llama.run.retry import Attempt
 
     kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
     kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
@@ -335,6 +282,8 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: b
 
 def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
     """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
+    from safe_llama.run.prepare import replan
+
     if prepared.plan is None or options.kv_cap is None:
         return False
     free = replan(prepared, replace(options, kv_cap=None), env).plan
@@ -360,26 +309,65 @@ def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
     return (total if prepared.target.on_gpu else 0, total)
 
 
-def _store(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> None:
-    from safe_llama.run import remember
-
-    assert prepared.plan is not None
-    record = remember.Remembered(
-        kv_bytes=prepared.plan.kv.total_bytes,
-        learned_max_alloc=options.learned_max_alloc,
-        budget_bytes=prepared.target.host_budget.value,
-    )
-    try:
-        remember.store(digest, record, env)
-    except OSError as err:
-        Say(env)(f"could not remember the plan: {err.strerror}", "warning")
-
-
-def launch(tool: str, args: list[str], given: dict[str, str]) -> int:
+def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None) -> int:
     """The supervised launch with safe-llama's own options resolved (flags over SAFE_LLAMA_* over the config
-    file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`)."""
+    file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`).
+    door: which door was used and its words, to key a launch record for the next start (early.py)."""
     from safe_llama.cmdline import launch_args
     from safe_llama.run.options import launch_options
 
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    return run(tool, args, os.environ, launch_options(settings, origins))
+    if door is None:
+        settings, origins = launch_args.resolve_sourced(given, os.environ)
+        return run(tool, args, os.environ, launch_options(settings, origins))
+    from safe_llama.run.fast_record import Recorder
+
+    with Recorder(os.environ) as recorder:
+        settings, origins = launch_args.resolve_sourced(given, recorder.env)
+        options = launch_options(settings, origins)
+        return run(tool, args, recorder.env, options, recorder=recorder, door=door)
+
+
+def adopted(early: Early, door_args: list[str]) -> int:
+    """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
+    for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
+    from safe_llama.run import supervise
+    from safe_llama.run.readiness import probe_for
+    from safe_llama.run.signatures import load_table
+
+    env = os.environ
+    tool = early.tool
+    say = Say(env)
+    for message, level in early.lines:
+        say(message, level)
+    table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
+    notifier = Notifier(env)
+    notifier.status(early.status)
+    on_ready = ReadyActions(say, notifier, 1)
+    probe = probe_for(tool, early.argv[1:], early.env)
+    on_ready.health = probe.check if tool == "server" else None
+    notifier.extend_timeout(EXTEND_TIMEOUT)
+    outcome = supervise.launch(
+        early.argv,
+        early.env,
+        watcher=Watcher(table, on_ready),
+        probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+        started=early.started,
+    )
+    on_ready.stop_watchdog()
+    if outcome.ready:
+        notifier.stopping()
+    if not outcome.retry:
+        return outcome.exit_code
+    from safe_llama.cmdline import launch_args
+    from safe_llama.run import fast_record
+    from safe_llama.run.options import launch_options
+
+    fast_record.drop(early.path)
+    if early.door == tool:  # a drop-in door: its words are the tool's
+        args, given = list(door_args), {}
+    else:
+        request = launch_args.split(door_args)
+        assert request is not None  # a record is only stored for words that were a launch
+        args, given = list(request.args), dict(request.settings)
+    settings, origins = launch_args.resolve_sourced(given, env)
+    return run(tool, args, env, launch_options(settings, origins), first=outcome)

@@ -16,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from safe_llama.cmdline.llama_args import parse
-from safe_llama.cmdline.request import listen_of
 from safe_llama.run.relay import Stream
 from safe_llama.run.signatures import ESCAPES
 
@@ -219,6 +217,9 @@ def server_probe(argv: Sequence[str], env: Mapping[str, str]) -> HealthProbe:
     The values are llama.cpp's own reading (cmdline.request.listen_of: a flag beats its LLAMA_ARG_* twin);
     the first of several hosts is probed, wildcard addresses on loopback. /health asks for no API key.
     """
+    from safe_llama.cmdline.llama_args import parse  # only a server's probe reads its argv
+    from safe_llama.cmdline.request import listen_of
+
     listen = listen_of(parse("server", argv, env))
     first = next((h.strip() for h in listen.host.split(",") if h.strip()), "127.0.0.1")
     path = listen.api_prefix.rstrip("/") + "/health"

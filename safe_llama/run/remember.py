@@ -17,6 +17,7 @@ from typing import Any
 
 from safe_llama import state
 from safe_llama.paths import cache_dir
+from safe_llama.run.early import FOLDER
 
 FORMAT = 2
 
@@ -87,7 +88,10 @@ def store(digest: str, record: Remembered, env: Mapping[str, str] = os.environ) 
 
 
 def forget(env: Mapping[str, str] = os.environ) -> int:
-    """Remove every remembered plan; the number removed."""
+    """Remove every remembered plan (and the launch records, which hold them: early.py); the number removed."""
+    records = cache_dir(env) / FOLDER
+    if records.is_dir() and not records.is_symlink():
+        shutil.rmtree(records)
     folder = cache_dir(env) / "plans"
     if not folder.is_dir() or folder.is_symlink():
         return 0

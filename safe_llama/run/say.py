@@ -6,7 +6,6 @@ Owns the format of what safe-llama says; secrets must already be redacted by the
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -39,6 +38,8 @@ class Say:
             return
         text = message.replace("\n", " ")
         if self.json:
+            import json  # only for JSON lines: an early start says its lines before much is imported
+
             record = {"ts": round(time.time(), 3), "level": level, "msg": text, "source": "safe-llama", **fields}
             line = json.dumps(record, default=str)
         elif self.journal:

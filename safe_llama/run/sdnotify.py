@@ -7,8 +7,13 @@ NOTIFY_SOCKET it makes no socket calls at all.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from safe_llama.run.childproc import WRAPPER_ONLY_ENV
+
+if TYPE_CHECKING:
+    import socket
 
 
 class Notifier:
@@ -36,6 +41,8 @@ class Notifier:
         if self._address is None:
             return False
         message = "\n".join(f"{k.upper()}={v}" for k, v in fields.items()).encode()
+        import socket  # only with a notify socket
+
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -67,4 +74,4 @@ class Notifier:
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: the notify socket and watchdog are the wrapper's, not llama.cpp's."""
-    return {k: v for k, v in env.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    return {k: v for k, v in env.items() if k not in WRAPPER_ONLY_ENV}

@@ -1,26 +1,22 @@
-"""Signal policy and its OS parts: which signals are forwarded or mean "stop", signals read from a signalfd,
-the child's set-up between fork and exec (death signal, own group or session, empty mask), job-control facts.
+"""Signal policy and its OS parts: which signals mean "stop", signals read from a signalfd, job-control facts
+(which are forwarded, and the child's set-up between fork and exec, are childproc.py's: the early start needs them).
 
 Owns what a signal is and how it is received. Must not decide when to send one: the loop in supervise.py does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import os
 import signal
 import struct
 import termios
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
 TERMINAL_STOPS = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})  # job control, not a plain SIGSTOP
 
-PR_SET_PDEATHSIG = 1
 # The same signal again this soon is one request sent twice (coreutils `timeout` signals its child, then
 # its own group): merged, as the kernel merges a signal that is still pending. A person's second ^C or
 # second `kill` comes later and is forwarded.
@@ -64,37 +60,6 @@ class SignalFd:
 
     def close(self) -> None:
         os.close(self.fd)
-
-
-def forwardable() -> tuple[int, ...]:
-    # A signal the wrapper was started with ignored (nohup's SIGHUP) stays ignored: the child inherits
-    # that, and there is nothing to forward.
-    return tuple(s for s in FORWARDED if signal.getsignal(s) is not signal.SIG_IGN)
-
-
-def child_setup(parent: int, controlling_tty: bool, foreground_fd: int | None) -> Callable[[], None]:
-    """Runs in the child between fork and exec (no shell, no exec shim).
-
-    controlling_tty: the child leads a new session whose terminal is its stdin (the pty). Otherwise it
-    gets a process group of its own, made the terminal's foreground group when foreground_fd is given
-    (SIGTTOU is still blocked here, so tcsetpgrp from the now-background group does not stop it).
-    """
-    prctl = _libc.prctl
-
-    def setup() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the wrapper died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-        if controlling_tty:
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-        else:
-            os.setpgid(0, 0)
-            if foreground_fd is not None:
-                with contextlib.suppress(OSError):
-                    os.tcsetpgrp(foreground_fd, os.getpid())
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd
-
-    return setup
 
 
 def signal_keys(pty_fd: int) -> dict[bytes, int]:

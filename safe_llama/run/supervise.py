@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from safe_llama.device.probe_host import oom_counters, oom_evidence
-from safe_llama.device.proc import GUARD_ENV
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.run.childproc import GUARD_ENV, Started, block_watched, forwardable, terminal_foreground
 from safe_llama.run.readiness import ProbeThread, ReadinessProbe
 from safe_llama.run.relay import DRAIN_IDLE, HIGH_WATER, READ_SIZE, Relay, Stream
 from safe_llama.run.signals import (
@@ -48,8 +48,6 @@ from safe_llama.run.signals import (
     TERMINAL_STOPS,
     SigInfo,
     SignalFd,
-    child_setup,
-    forwardable,
     is_stopped,
     signal_keys,
 )
@@ -185,12 +183,7 @@ class _Supervisor:
 
     def _terminal_foreground(self) -> int | None:
         """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
-        if self.use_pty:
-            return None
-        try:
-            return self.child.stdin_fd if os.tcgetpgrp(self.child.stdin_fd) == os.getpgrp() else None
-        except OSError:  # not a terminal, or not our controlling one
-            return None
+        return None if self.use_pty else terminal_foreground(self.child.stdin_fd)
 
     def _give_foreground(self) -> None:
         fd = self._terminal_foreground()
@@ -205,10 +198,16 @@ class _Supervisor:
                 os.tcsetpgrp(self.foreground_fd, os.getpgrp())
             self.foreground_fd = None
 
-    def spawn(self) -> None:
+    def spawn(self, started: Started | None) -> None:
+        if started is not None:  # attempt 1 started early (early.py), with the same set-up
+            self.counters_before = started.counters_before
+            self.child.adopt(started)
+            if started.foreground:
+                self.foreground_fd = self.child.stdin_fd
+            return
         self.counters_before = self.memory_counters()
         foreground = self._terminal_foreground()
-        self.child.start(child_setup(os.getpid(), controlling_tty=self.use_pty, foreground_fd=foreground))
+        self.child.start(foreground)
         if foreground is not None:
             self._give_foreground()
 
@@ -481,6 +480,7 @@ def launch(
     stop_grace: float = 2.0,
     kill_after: float = 5.0,
     memory_counters: Callable[[], Mapping[str, int]] | None = None,
+    started: Started | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -490,24 +490,24 @@ def launch(
     process with no other threads that might take the forwarded signals. A binary that is missing or
     not executable raises SafeLlamaError (127 / 126), with no child left behind. memory_counters: what
     tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters).
+    started: the child already running on pipes (early.py started it with argv and env, its watched
+    signals blocked since), supervised from here on.
     """
     args = [os.fspath(a) for a in argv]
     if not args:
         raise ValueError("launch() needs a program to run")
-    pty_mode = use_pty if use_pty is not None else os.isatty(stdin_fd) and os.isatty(stdout_fd)
+    pty_mode = started is None and (use_pty if use_pty is not None else os.isatty(stdin_fd) and os.isatty(stdout_fd))
     child = Child(args, {**env, GUARD_ENV: str(os.getpid())}, use_pty=pty_mode, fds=(stdin_fd, stdout_fd, stderr_fd))
     supervisor = _Supervisor(child, watcher, probe, stop_grace, kill_after)
     if memory_counters is not None:
         supervisor.memory_counters = memory_counters
-    watched = [*supervisor.forwardable, signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP]
-    if pty_mode:
-        watched += [signal.SIGWINCH]
-    # SIGTTOU blocked, not watched: tcsetpgrp() and terminal writes from the background are allowed then.
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [*watched, signal.SIGTTOU])
+    watched, old_mask = block_watched(pty_mode)
+    if started is not None:
+        old_mask = started.mask_before
     sigfd: SignalFd | None = None
     try:
         sigfd = SignalFd(watched)
-        supervisor.spawn()
+        supervisor.spawn(started)
         supervisor.run(sigfd)
         for info in sigfd.read():  # came with the child's end: remember a stop, nothing to forward
             if info.signo in STOP_SIGNALS and supervisor.user_stop is None:

@@ -214,9 +214,13 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     assert (folder.stat().st_mode & 0o777) == 0o700 and (next(folder.iterdir()).stat().st_mode & 0o777) == 0o600
     (folder / ("b" * 40 + ".json")).write_text("{not json")
     assert remember.recall("b" * 40, env) is None  # corrupt: ignored with a warning
+    records = tmp_path / "safe-llama" / "launch"
+    records.mkdir(mode=0o700)
+    (records / ("c" * 40 + ".marshal")).write_bytes(b"")
     done = _run(["forget"], env)
     assert done.returncode == 0 and "forgot 2" in done.stdout
     assert remember.recall("a" * 40, env) is None
+    assert not records.exists()  # the launch records made with them go too
 
 
 def test_attempts_are_bounded_and_strictly_smaller(seed: tuple[dict[str, str], Path, Path]) -> None:
@@ -283,10 +287,15 @@ def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]
     args = ["-m", str(model), "-c", "65536", "--api-key", "argv-secret-3", "--port", "1"]
     shown = _run(["plan", "--json", "server", *args], env)
     launched = _run(["server", *args], env)
+    # a completion that becomes ready writes a launch record; the second starts from it
+    completion = ["completion", "-m", str(model), "-c", "4096", "-p", "Once", "-n", "8", "-hft", "argv-secret-4"]
+    done = [_run(completion, {**env, "FAKE_TOOL": "completion"}) for _ in range(2)]
+    assert [d.returncode for d in done] == [0, 0]
+    assert list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "launch").glob("*.marshal"))
     stored = "".join(p.read_text(errors="replace") for p in Path(env["XDG_CACHE_HOME"]).rglob("*") if p.is_file())
-    for secret in ("env-secret-1", "env-secret-2", "argv-secret-3"):
+    for secret in ("env-secret-1", "env-secret-2", "argv-secret-3", "argv-secret-4"):
         assert secret not in shown.stdout + shown.stderr
-        assert secret not in launched.stderr
+        assert secret not in launched.stderr + done[0].stderr + done[1].stderr
         assert secret not in stored
     assert "<redacted>" in shown.stdout
 

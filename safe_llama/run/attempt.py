@@ -1,0 +1,163 @@
+"""What happens around one attempt of a launch: the watcher (error signatures, then the ready actions), the
+probe that keeps systemd's start timeout pushed out, and the ready actions (remember the plan, write the
+launch record, tell systemd, feed its watchdog).
+
+Owns those per-attempt helpers, shared by launch.run and an early start's launch.adopted; the attempt loop
+and its decisions are launch.py's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from safe_llama.run.say import Say
+from safe_llama.run.sdnotify import Notifier
+
+if TYPE_CHECKING:
+    from safe_llama.run.fast_record import Recorder
+    from safe_llama.run.prepare import PlanOptions, Prepared
+    from safe_llama.run.readiness import ReadinessProbe
+    from safe_llama.run.relay import Stream
+    from safe_llama.run.signatures import Failure, SignatureTable
+    from safe_llama.run.supervise import Verdict
+
+EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
+EXTEND_EVERY = 10.0
+
+
+class ReadyActions:
+    """What happens the moment start-up is over: remember the plan, tell systemd, keep its watchdog fed
+    while llama-server's /health answers 200 (and only then: systemd restarts a server that stops)."""
+
+    def __init__(self, say: Say, notifier: Notifier, attempt: int) -> None:
+        self.say = say
+        self.notifier = notifier
+        self.attempt = attempt
+        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+        self.record: Callable[[], None] | None = None  # the launch record, once the plan is remembered
+        self.health: Callable[[], bool] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self) -> None:
+        if self.store is not None:
+            digest, prepared, options, env = self.store
+            if remember_plan(digest, prepared, options, env) and self.record is not None:
+                self.record()
+        self.notifier.ready(f"ready (attempt {self.attempt})")
+        interval = self.notifier.watchdog_interval
+        if interval is not None:
+            # started from inside supervise.launch, so the thread inherits its blocked signal mask
+            self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
+            self._thread.start()
+
+    def _watchdog(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            if self.health is None or self.health():
+                self.notifier.watchdog()
+
+    def stop_watchdog(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+class NotifyingProbe:
+    """The readiness probe, plus EXTEND_TIMEOUT_USEC to systemd while loading goes on."""
+
+    def __init__(self, inner: ReadinessProbe, notifier: Notifier) -> None:
+        self._inner = inner
+        self._notifier = notifier
+        self._last = time.monotonic()
+
+    def output(self, stream: Stream, data: bytes) -> bool:
+        return self._inner.output(stream, data)
+
+    def poll_interval(self) -> float | None:
+        inner = self._inner.poll_interval()
+        return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)
+
+    def check(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= EXTEND_EVERY:
+            self._notifier.extend_timeout(EXTEND_TIMEOUT)
+            self._last = now
+        return self._inner.check()
+
+
+class Watcher:
+    """The signature watcher, plus the ready actions."""
+
+    def __init__(self, table: SignatureTable, on_ready: ReadyActions) -> None:
+        from safe_llama.run.supervise import SignatureWatcher
+
+        self._inner = SignatureWatcher(table)
+        self._on_ready = on_ready
+
+    def output(self, stream: Stream, data: bytes) -> Verdict:
+        return self._inner.output(stream, data)
+
+    def ready(self) -> None:
+        self._inner.ready()
+        self._on_ready()
+
+    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
+        return self._inner.conclude(returncode, oom_evidence)
+
+
+def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
+    from safe_llama.run import remember
+
+    assert prepared.plan is not None
+    record = remember.Remembered(
+        kv_bytes=prepared.plan.kv.total_bytes,
+        learned_max_alloc=options.learned_max_alloc,
+        budget_bytes=prepared.target.host_budget.value,
+    )
+    try:
+        remember.store(digest, record, env)
+    except OSError as err:
+        Say(env)(f"could not remember the plan: {err.strerror}", "warning")
+        return False
+    return True
+
+
+class LaunchRecord:
+    """Writes the launch record of attempt 1 when it is ready (fast_record.py)."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        door: tuple[str, Sequence[str]],
+        tool: str,
+        user_args: Sequence[str],
+        argv: Sequence[str],
+        prepared: Prepared,
+        options: PlanOptions,
+        status: str,
+    ) -> None:
+        self.recorder, self.door, self.tool, self.user_args = recorder, door, tool, user_args
+        self.argv, self.prepared, self.options, self.status = argv, prepared, options, status
+
+    def __call__(self) -> None:
+        try:
+            from safe_llama.run import fast_record
+
+            door, door_args = self.door
+            record = fast_record.build(
+                self.recorder,
+                tool=self.tool,
+                user_args=self.user_args,
+                door_args=door_args,
+                argv=self.argv,
+                prepared=self.prepared,
+                options=self.options,
+                status=self.status,
+            )
+            if record is not None:
+                fast_record.store(record, door, door_args, self.recorder.raw)
+        except Exception:  # a record is an optimisation: never the reason a ready launch fails
+            return
