@@ -8,7 +8,7 @@ The record then holds the identity of all of it (early.py), plus the files only 
 (the binary, the config file, PATH's folders, the bundled model's places, every argument naming a file)
 and safe-llama's own files. No record when the window saw something it cannot hold: the whole
 environment read, a stray line on stderr, a remembered plan that capped this one, a secret in what
-would be stored.
+would be stored, RPC workers (their devices come from the network, listed on every launch).
 
 The host budget is the one input that changes on every launch (MemAvailable). Sound rule: a record is
 stored only when the host's sole limit is RAM (no cgroup limit, no RLIMIT_AS: those size a plan by a
@@ -320,6 +320,8 @@ def build(
     from safe_llama.device.probe_host import oom_counter_sources
 
     if recorder.everything or recorder.stray or prepared.plan is None or prepared.binary is None:
+        return None
+    if prepared.target.remote:  # RPC workers: their devices, memory and presence come from the network
         return None
     env = recorder.raw
     extra = dict(prepared.plan.env_changes)

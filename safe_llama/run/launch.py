@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the planner's side is imported where used: an early start m
     from safe_llama.run.fast_record import Recorder
     from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.run.retry import Attempt
+    from safe_llama.run.signatures import Failure
     from safe_llama.run.supervise import Outcome
 
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale

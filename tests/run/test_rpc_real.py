@@ -221,6 +221,9 @@ def test_planned_split_starts_first_time_and_matches_each_worker(
             charged = int((worker.group / "memory.usage_in_bytes").read_text())
             assert charged < worker.limit_mib * MIB
         assert all(w.oom_kills() == 0 and w.proc is not None and w.proc.poll() is None for w in workers)
+        # no launch record: the next launch lists the workers again (one may be gone or smaller)
+        cache = tmp_path / "cache" / "safe-llama"
+        assert cache.is_dir() and not list((cache / "launch").glob("*"))
     finally:
         _stop(proc)
 
