@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from safe_llama.device.oom_counters import read_counters
+from safe_llama.device.oom_counters import parse_meminfo, read_counters
 
 # cgroup v1 says "no limit" with PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages).
 _V1_UNLIMITED = 1 << 62
@@ -149,16 +149,7 @@ def read_meminfo(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int] | Non
     """(MemTotal, MemAvailable) in bytes, the two numbers psutil.virtual_memory() reports on Linux, read
     directly: importing psutil costs more than the rest of a cached plan. None: not Linux, or a kernel
     before 3.14 (no MemAvailable), where psutil estimates it."""
-    fields: dict[str, int] = {}
-    for line in (_read(meminfo) or "").splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("MemTotal", "MemAvailable"):
-            value = rest.split()
-            if len(value) == 2 and value[1] == "kB" and value[0].isdigit():
-                fields[name] = int(value[0]) * 1024
-    if "MemTotal" in fields and "MemAvailable" in fields:
-        return fields["MemTotal"], fields["MemAvailable"]
-    return None
+    return parse_meminfo(_read(meminfo) or "")
 
 
 def probe_host(

@@ -22,7 +22,7 @@ import os
 import sys
 
 from safe_llama import __version__
-from safe_llama.device.oom_counters import read_counters
+from safe_llama.device.oom_counters import parse_meminfo, read_counters
 from safe_llama.run import childproc
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
@@ -123,21 +123,11 @@ def prefixed_digest(env: Mapping[str, str], prefixes: tuple[str, ...], salt: byt
 
 def meminfo() -> tuple[int, int] | None:
     """(MemTotal, MemAvailable) in bytes, as probe_host.read_meminfo reads them."""
-    fields: dict[str, int] = {}
     try:
         with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
-            text = f.read()
+            return parse_meminfo(f.read())
     except OSError:
         return None
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("MemTotal", "MemAvailable"):
-            value = rest.split()
-            if len(value) == 2 and value[1] == "kB" and value[0].isdigit():
-                fields[name] = int(value[0]) * 1024
-    if "MemTotal" in fields and "MemAvailable" in fields:
-        return fields["MemTotal"], fields["MemAvailable"]
-    return None
 
 
 def address_space_unlimited() -> bool:
