@@ -6,7 +6,6 @@ Owns that arithmetic over one set of settings; must not choose settings (the pla
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -15,7 +14,16 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.split import balanced_split, device_names, free_split, layer_places, memory_of, slot_bytes
+from safe_llama.plan.split import (
+    Override,
+    balanced_split,
+    device_names,
+    free_split,
+    layer_places,
+    memory_of,
+    placed_weights,
+    slot_bytes,
+)
 from safe_llama.plan.target import Target, kv_splits
 from safe_llama.units import human
 
@@ -36,18 +44,6 @@ class Allocation:
     @property
     def fits(self) -> bool:
         return self.bytes <= self.limit
-
-
-@dataclass(frozen=True)
-class Override:
-    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
-
-    pattern: str
-    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
-
-    @property
-    def to_host(self) -> bool:
-        return self.buffer_type.upper().startswith("CPU")
 
 
 @dataclass(frozen=True)
@@ -89,16 +85,6 @@ class Settings:
     layout: Layout = field(default_factory=Layout)
 
 
-def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
-    for rule in overrides:
-        try:
-            if re.search(rule.pattern, name):
-                return rule
-        except re.error:
-            continue
-    return None
-
-
 def _model_memory(
     facts: ModelFacts,
     n_gpu_layers: int | None,
@@ -112,43 +98,19 @@ def _model_memory(
     """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
     CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
     input embeddings are read by row and stay in the mapping)."""
-    out: dict[str, dict[str, int]] = {}
+    n_layer = max(facts.block_count, 1)
+    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
+    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    places = layer_places(n_layer, offloaded, devices, split)
+    key = (n_gpu_layers, tuple(overrides), tuple(devices), tuple(split), repack_types)
+    weights = placed_weights(facts, key, overrides, devices, places, offloaded, repack_types)
+    out = {place: dict(items) for place, items in weights.items()}
 
     def add(place: str, item: str, size: int) -> None:
         if size:
             out.setdefault(place, {}).setdefault(item, 0)
             out[place][item] += size
 
-    n_layer = max(facts.block_count, 1)
-    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
-    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
-    places = layer_places(n_layer, offloaded, devices, split)
-    tensors = facts.tensors or tuple(
-        [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
-    )
-    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
-    for name, size in tensors:
-        il = None
-        if name.startswith("blk."):
-            head = name[4:].partition(".")[0]
-            il = int(head) if head.isdigit() else None
-        if il is not None and il < n_layer:
-            place = places[il]
-        elif name.startswith("token_embd") or not devices:
-            place = "host"  # llama.cpp keeps the input embeddings on the CPU
-        else:
-            place = places[n_layer]  # the output layer
-        rule = _placed(name, overrides)
-        if rule is not None:
-            place = "host" if rule.to_host else rule.buffer_type
-        add(place, "weights", size)
-        if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
-            add(place, "repacked", size)
-    names = {name for name, _ in tensors}
-    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
-        # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
-        # device (TENSOR_DUPLICATED); on the host the two are one mapping
-        add(places[n_layer], "weights", dict(tensors)["token_embd.weight"])
     if kv is not None:
         for cache in kv.caches:
             per_layer = cache.total_bytes // max(cache.layers, 1)

@@ -2,18 +2,116 @@
 first), which layer lands where for a -ts (its own float arithmetic), and a split in whole layers that leaves
 every device the same share of its memory free.
 
+Also where each tensor's weights land (the -ot/-cmoe rules, the output layer, tied embeddings), kept for the
+last few models since the ladder's context search changes only the KV.
+
 Owns that placement arithmetic; must not size compute buffers nor check limits (plan.memory does)."""
 
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan
 from safe_llama.plan.target import Target
+
+
+@dataclass(frozen=True)
+class Override:
+    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
+
+    pattern: str
+    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
+
+    @property
+    def to_host(self) -> bool:
+        return self.buffer_type.upper().startswith("CPU")
+
+
+def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
+    for rule in overrides:
+        try:
+            if re.search(rule.pattern, name):
+                return rule
+        except re.error:
+            continue
+    return None
+
+
+# the last weights placement per model: the ladder's context search changes the KV only (the planner's own
+# values: a facts object kept alive here is compared by identity, never by id alone)
+_WEIGHTS: dict[int, tuple[ModelFacts, tuple[object, ...], dict[str, dict[str, int]]]] = {}
+
+
+def _weights(
+    facts: ModelFacts,
+    overrides: Sequence[Override],
+    devices: Sequence[str],
+    places: Sequence[str],
+    offloaded: int,
+    repack_types: frozenset[str],
+) -> dict[str, dict[str, int]]:
+    """Weights per place (and the host's repacked copies): the part of _model_memory that no KV changes."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(place: str, item: str, size: int) -> None:
+        if size:
+            out.setdefault(place, {}).setdefault(item, 0)
+            out[place][item] += size
+
+    n_layer = max(facts.block_count, 1)
+    tensors = facts.tensors or tuple(
+        [(f"blk.{il}.", b) for il, b in enumerate(facts.weight_bytes_per_layer)] + [("other", facts.other_weight_bytes)]
+    )
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
+    for name, size in tensors:
+        il = None
+        if name.startswith("blk."):
+            head = name[4:].partition(".")[0]
+            il = int(head) if head.isdigit() else None
+        if il is not None and il < n_layer:
+            place = places[il]
+        elif name.startswith("token_embd") or not devices:
+            place = "host"  # llama.cpp keeps the input embeddings on the CPU
+        else:
+            place = places[n_layer]  # the output layer
+        rule = _placed(name, overrides)
+        if rule is not None:
+            place = "host" if rule.to_host else rule.buffer_type
+        add(place, "weights", size)
+        if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
+            add(place, "repacked", size)
+    names = {name for name, _ in tensors}
+    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
+        # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
+        # device (TENSOR_DUPLICATED); on the host the two are one mapping
+        add(places[n_layer], "weights", dict(tensors)["token_embd.weight"])
+    return out
+
+
+def placed_weights(
+    facts: ModelFacts,
+    key: tuple[object, ...],
+    overrides: Sequence[Override],
+    devices: Sequence[str],
+    places: Sequence[str],
+    offloaded: int,
+    repack_types: frozenset[str],
+) -> dict[str, dict[str, int]]:
+    """_weights, kept for the last few (facts, key): the ladder's context search changes the KV only. The
+    caller must copy what it changes."""
+    cached = _WEIGHTS.get(id(facts))
+    if cached is None or cached[0] is not facts or cached[1] != key:
+        cached = (facts, key, _weights(facts, overrides, devices, places, offloaded, repack_types))
+        if len(_WEIGHTS) >= 4:  # a plan's model and draft at most: never more than a few kept
+            _WEIGHTS.clear()
+        _WEIGHTS[id(facts)] = cached
+    return cached[2]
 
 
 def device_names(target: Target, given: Sequence[str] = (), split_mode: str = "layer", main_gpu: int = 0) -> list[str]:

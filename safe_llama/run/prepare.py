@@ -20,9 +20,10 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
 from safe_llama.paths import config_dir, configs_dir
-from safe_llama.plan.memory import Draft, Layout, Override
+from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
+from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target, remote_devices, target_from, with_learned, with_worker_caps
 from safe_llama.units import human
 

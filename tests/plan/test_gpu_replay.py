@@ -18,9 +18,10 @@ from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import configs_dir
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate
-from safe_llama.plan.memory import Layout, Override, Settings, memory_by_place
+from safe_llama.plan.memory import Layout, Settings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
+from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf

@@ -12,9 +12,10 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import configs_dir
-from safe_llama.plan.memory import Draft, Layout, Override, Settings, memory_by_place
+from safe_llama.plan.memory import Draft, Layout, Settings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.split import Override
 from safe_llama.plan.target import STATEFUL_ENV, Target
 
 GIB = 1 << 30
@@ -171,3 +172,17 @@ def test_user_neo_filter_is_never_overwritten(policy: Policy) -> None:
              user_env={"FilterBdfPath": "0000:03:00.0"})  # fmt: skip
     assert "FilterBdfPath" not in p.env_changes and p.env_changes["NEOReadDebugKeys"] == "1"
     assert any("FilterBdfPath=0000:03:00.0 kept" in n for n in p.notes)
+
+
+def test_kept_weights_follow_every_change_of_the_same_model() -> None:
+    """The weights' places are kept between the ladder's calls for one model: a change of rule, layers or
+    devices must still move them."""
+    facts = moe_facts()
+    kv = KvRequest(tool="server", n_ctx=4096, n_parallel=1)
+    layouts = [Layout(), Layout(overrides=(Override(EXPERT_REGEX, "CPU"),)), Layout(), Layout(kv_offload=False)]
+    seen = [memory_by_place(facts, Settings(kv=kv, layout=layout), cuda()) for layout in layouts]
+    assert seen[0] == seen[2] and seen[1]["host"]["weights"] == 5 * MIB + 4 * 30 * MIB
+    assert seen[0]["CUDA0"]["weights"] == 4 * 40 * MIB + 5 * MIB
+    fewer = memory_by_place(facts, Settings(kv=kv, n_gpu_layers=2, layout=Layout()), cuda())
+    assert fewer["CUDA0"]["weights"] == 40 * MIB + 5 * MIB
+    assert memory_by_place(facts, Settings(kv=kv, layout=Layout()), cuda()) == seen[0]
