@@ -102,8 +102,7 @@ def _model_memory(
     # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
     offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
     places = layer_places(n_layer, offloaded, devices, split)
-    key = (n_gpu_layers, tuple(overrides), tuple(devices), tuple(split), repack_types)
-    weights = placed_weights(facts, key, overrides, devices, places, offloaded, repack_types)
+    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types)
     out = {place: dict(items) for place, items in weights.items()}
 
     def add(place: str, item: str, size: int) -> None:

@@ -96,15 +96,15 @@ def _weights(
 
 def placed_weights(
     facts: ModelFacts,
-    key: tuple[object, ...],
     overrides: Sequence[Override],
     devices: Sequence[str],
     places: Sequence[str],
     offloaded: int,
     repack_types: frozenset[str],
 ) -> dict[str, dict[str, int]]:
-    """_weights, kept for the last few (facts, key): the ladder's context search changes the KV only. The
-    caller must copy what it changes."""
+    """_weights, kept for the last few models: the ladder's context search changes the KV only. The caller
+    must copy what it changes."""
+    key = (tuple(overrides), tuple(devices), tuple(places), offloaded, repack_types)
     cached = _WEIGHTS.get(id(facts))
     if cached is None or cached[0] is not facts or cached[1] != key:
         cached = (facts, key, _weights(facts, overrides, devices, places, offloaded, repack_types))
