@@ -18,6 +18,7 @@ from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.devices import DeviceReport, LlamaProbe, declared_limits, probe_devices
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
+from safe_llama.device.probe_free import FreeReport
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.errors import SafeLlamaError
@@ -99,6 +100,15 @@ def _render_llama(llama: LlamaProbe | None, note: str, now: float) -> list[str]:
     return lines
 
 
+def _render_free(free: FreeReport) -> list[str]:
+    lines = [f"Free memory now: {free.note or 'not read'}"]
+    for r in free.readings:
+        lines.append(
+            f"  {r.pci_bdf or '?':<13} {r.name}  {human(r.free_bytes)} free of {human(r.total_bytes)}  ({r.source})"
+        )
+    return lines
+
+
 def _render_opencl(opencl: OpenCLReport, cached: bool) -> list[str]:
     lines = [f"OpenCL ({opencl.status}){' [cached]' if cached else ''}: {opencl.note}"]
     for device in opencl.devices:
@@ -139,6 +149,7 @@ def render_text(report: DeviceReport, *, now: float | None = None) -> str:
         _render_target(report.target),
         _render_host(report.host),
         _render_llama(report.llama, report.llama_note, time.time() if now is None else now),
+        _render_free(report.free),
         _render_opencl(report.opencl, report.opencl_cached),
         _render_sysfs(report.sysfs),
     ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from safe_llama.device.backends import BackendRule, backend_rules
+from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.limits import (
     NOTHING_DECLARED,
     Choice,
@@ -29,6 +30,7 @@ from safe_llama.device.matching import (
     _neo_filter,
     _normal,
 )
+from safe_llama.device.probe_free import FreeReading
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
 from safe_llama.errors import ExitStatus, SafeLlamaError
@@ -56,6 +58,8 @@ class TargetDevice:
     neo_filter: dict[str, str] = field(default_factory=dict)  # env that makes only this Intel GPU visible
     mapping_note: str = ""
     warnings: tuple[str, ...] = ()
+    listed: LlamaDevice | None = None  # llama.cpp's own line for it
+    free_is_vendor: bool = False  # memory_free_bytes came from the vendor's interface now, not the listing
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -275,6 +279,8 @@ def resolve_target(
     profiles: Sequence[DeviceProfile] = (),
     env: Mapping[str, str] = os.environ,
     rules: Mapping[str, BackendRule] | None = None,
+    free_now: Sequence[FreeReading] = (),
+    listing_age: float | None = None,
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
     matched by device name. Pure: every fact comes in as a value (`rules`: configs/backends.toml as
@@ -311,9 +317,10 @@ def resolve_target(
     if neo_note:
         notes.append(neo_note)
     warnings.extend(neo_warnings)
-    free = None
-    if choice.llama is not None:
-        free = Sourced(choice.llama.free_bytes, "probed", "llama.cpp --list-devices free, when it was run")
+    reading, free_how = match_reading(choice.llama, pci, free_now, env)
+    if free_how and reading is None:
+        notes.append(f"free memory: {free_how}")
+    free = free_figure(choice.llama, reading, listing_age=listing_age)
     return TargetDevice(
         llama_name=choice.llama_name,
         backend=choice.backend,
@@ -333,4 +340,6 @@ def resolve_target(
         neo_filter=neo,
         mapping_note="; ".join(notes),
         warnings=tuple(warnings),
+        listed=choice.llama,
+        free_is_vendor=reading is not None,
     )

@@ -20,8 +20,9 @@ from safe_llama import state
 from safe_llama.cmdline import env_scan
 from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
+from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
-from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile
+from safe_llama.device.limits import NOTHING_DECLARED, NVIDIA, DeclaredLimits, DeviceProfile, Sourced
 from safe_llama.device.list_devices import (
     DeviceRequest,
     ListedDevices,
@@ -30,6 +31,7 @@ from safe_llama.device.list_devices import (
     parse_version,
     resolve_request,
 )
+from safe_llama.device.probe_free import NO_READINGS, FreeReading, FreeReport, read_amdgpu, read_nvml_isolated
 from safe_llama.device.probe_host import probe_host
 from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_opencl_isolated
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
@@ -59,6 +61,17 @@ LLAMA_ENV_PREFIXES = (
     "VK_",
     "MESA_",
     "LD_LIBRARY_PATH",
+    "NVIDIA_",
+)
+
+# What else decides which devices llama.cpp sees: the kernel drivers loaded, their device nodes, the ICD
+# files that name the user-space drivers. A listing cached while no driver was loaded must not outlive it.
+DRIVER_MODULES = frozenset({"nvidia", "nvidia_uvm", "amdgpu", "i915", "xe", "radeon", "nouveau"})
+ICD_DIRS = (
+    "/etc/OpenCL/vendors",
+    "/usr/share/vulkan/icd.d",
+    "/etc/vulkan/icd.d",
+    "/usr/local/share/vulkan/icd.d",
 )
 
 
@@ -85,6 +98,7 @@ class DeviceReport:
     declared: DeclaredLimits
     profile: DeviceProfile | None
     rpc: ListedDevices | None = None  # the devices of the --rpc workers, as llama.cpp lists them
+    free: FreeReport = NO_READINGS  # the vendors' free-memory readings, taken now
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,8 @@ class ProbeRoots:
     dev_root: Path = Path("/dev")
     proc_cgroup: Path = Path("/proc/self/cgroup")
     cgroup_root: Path = Path("/sys/fs/cgroup")
+    proc_root: Path = Path("/proc")
+    icd_dirs: tuple[Path, ...] = tuple(Path(d) for d in ICD_DIRS)
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -173,13 +189,41 @@ def _cache_store(path: Path, key: str, payload: dict[str, Any]) -> None:
         state.write_json(path, {"format": CACHE_FORMAT, "key": key, "written_at": time.time(), "payload": payload})
 
 
-def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: bool = False) -> LlamaProbe:
+def _listing(folder: Path, keep: Callable[[str], bool] = lambda name: True) -> str:
+    try:
+        return f"{folder}:{','.join(sorted(name for name in os.listdir(folder) if keep(name)))}"
+    except OSError:
+        return f"{folder}:-"
+
+
+def driver_state(roots: ProbeRoots) -> str:
+    """The GPU drivers as the system has them now: kernel modules loaded, NVIDIA's driver version, device
+    nodes, ICD files. Part of the listing cache's key, so a listing made without a driver is not reused
+    once the driver is there (and the other way round)."""
+    try:
+        nvidia = (roots.proc_root / "driver" / "nvidia" / "version").read_text()[:200]
+    except OSError:
+        nvidia = "-"
+    return "\n".join(
+        [
+            _listing(roots.sys_root / "module", lambda name: name in DRIVER_MODULES),
+            nvidia,
+            _listing(roots.dev_root, lambda name: name.startswith("nvidia") or name == "kfd"),
+            _listing(roots.dev_root / "dri"),
+            *(_listing(folder) for folder in roots.icd_dirs),
+        ]
+    )
+
+
+def probe_llama(
+    binary: Path, *, env: Mapping[str, str], cache: Path, refresh: bool = False, drivers: str = ""
+) -> LlamaProbe:
     """`<binary> --list-devices` and `--version`, cached by the binary's real path, size and mtime, the
-    environment variables that change the listing, and the boot."""
+    environment variables that change the listing, the drivers (`drivers`: driver_state) and the boot."""
     real = str(Path(binary).resolve())
     st = Path(real).stat()
     setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
-    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}")
+    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}")
     # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
     # a rebuilt binary overwrites its own.
     where = cache / f"llama-{state.digest(setting, 16)}.json"
@@ -279,12 +323,13 @@ def probe_devices(
     profile = load_profile(declared.profile, env) if declared.profile else None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
     host = probe_host(proc_cgroup=roots.proc_cgroup, cgroup_root=roots.cgroup_root)
+    drivers = driver_state(roots)
     llama: LlamaProbe | None = None
     if binary is None:
         llama_note = f"llama.cpp's own device list is not known: {binary_note or 'no binary given'}"
     else:
         try:
-            llama = probe_llama(binary, env=env, cache=cache, refresh=refresh)
+            llama = probe_llama(binary, env=env, cache=cache, refresh=refresh, drivers=drivers)
             llama_note = llama.listed.problem or ""
         except (OSError, SafeLlamaError) as err:
             llama_note = f"could not run {binary} --list-devices: {err}"
@@ -296,18 +341,30 @@ def probe_devices(
     else:
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
-    target = resolve_target(
-        request=request,
-        listed=llama.listed if llama is not None else None,
-        opencl=opencl,
-        sysfs=sysfs,
-        host_total=host.total_bytes,
-        declared=declared,
-        profile=profile,
-        profiles=load_profiles(env) if profile is None else (),
-        env=env,
-        rules=backend_rules(env),
-    )
+    free = read_free(sysfs, llama.listed if llama is not None else None, roots)
+
+    def resolve(llama: LlamaProbe | None) -> TargetDevice:
+        return resolve_target(
+            request=request,
+            listed=llama.listed if llama is not None else None,
+            opencl=opencl,
+            sysfs=sysfs,
+            host_total=host.total_bytes,
+            declared=declared,
+            profile=profile,
+            profiles=load_profiles(env) if profile is None else (),
+            env=env,
+            rules=backend_rules(env),
+            free_now=free.readings,
+            listing_age=time.time() - llama.probed_at if llama is not None else None,
+        )
+
+    target = resolve(llama)
+    if binary is not None and llama is not None and llama.cached and needs_free_now(target):
+        # no vendor interface answered for this GPU: llama.cpp's own listing is the free figure, so it is run
+        # again now (what another program holds changes between launches)
+        llama = probe_llama(binary, env=env, cache=cache, refresh=True, drivers=drivers)
+        target = resolve(llama)
     return DeviceReport(
         target=target,
         host=host_budget(host, declared),
@@ -320,7 +377,56 @@ def probe_devices(
         declared=declared,
         profile=profile,
         rpc=probe_rpc(binary, rpc_servers, env=env) if binary is not None and rpc_servers else None,
+        free=free,
     )
+
+
+def needs_free_now(target: TargetDevice) -> bool:
+    """A GPU with memory of its own whose free figure is not a vendor reading taken now."""
+    integrated = target.integrated is not None and target.integrated.value
+    return not target.on_host and not integrated and target.listed is not None and not target.free_is_vendor
+
+
+def free_again(
+    device: TargetDevice, binary: Path | None, env: Mapping[str, str], roots: ProbeRoots = ProbeRoots()
+) -> Sourced[int] | None:
+    """The device's free memory read again now (after a failed start): the vendor's reading, else llama.cpp's
+    listing run again; None when neither knows the device."""
+    if device.listed is None:
+        return None
+    sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
+    free = read_free(sysfs, ListedDevices((device.listed,)), roots)
+    reading, _ = match_reading(device.listed, device.pci, free.readings, env)
+    if reading is not None:
+        return free_figure(device.listed, reading, listing_age=None)
+    if binary is None:
+        return None
+    try:
+        llama = probe_llama(binary, env=env, cache=cache_dir(env) / "probe", refresh=True, drivers=driver_state(roots))
+    except (OSError, SafeLlamaError):
+        return None
+    again = next((d for d in llama.listed.devices if d.name == device.listed.name), None)
+    return free_figure(again, None, listing_age=None)
+
+
+def read_free(sysfs: SysfsReport, listed: ListedDevices | None, roots: ProbeRoots = ProbeRoots()) -> FreeReport:
+    """Free memory now from the vendors' interfaces of the GPUs present: NVML where an NVIDIA GPU is (sysfs
+    shows one, or llama.cpp lists a CUDA device), amdgpu's counters for each amdgpu device."""
+    readings: list[FreeReading] = []
+    notes = []
+    driver = None
+    cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
+    if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
+        nvml = read_nvml_isolated()
+        driver = nvml.driver
+        readings.extend(nvml.readings)
+        notes.append(nvml.note)
+    amd = [g.bdf for g in sysfs.gpus if g.driver == "amdgpu"]
+    if amd:
+        amdgpu = read_amdgpu(roots.sys_root, amd)
+        readings.extend(amdgpu.readings)
+        notes.append(amdgpu.note)
+    return FreeReport(tuple(readings), driver, "; ".join(notes) or "no NVIDIA or amdgpu GPU: no vendor reading")
 
 
 # ------------------------------------------------------------------------------------------ rendering

@@ -22,6 +22,7 @@ def compute_estimate(
     kv_f16_copies: bool = False,
     kv_on_host: bool = False,
     costs: ComputeCosts | None = None,
+    expert_ff: int = 0,
 ) -> int:
     """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
     `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
@@ -40,12 +41,17 @@ def compute_estimate(
     - with `kv_f16_copies` and `kv_on_host` (the KV in host memory, -ngl 0 or -nkvo, while the device runs
       the attention: llama.cpp's op offload): one layer's K and V copied to the device in their cache types
       as well (measured on the H200 at -ngl 0: 45,688.25 MiB at 1,832,448 cells of q8_0, 26,144 bytes per
-      cell = 2 x 4,352 copied + 2 x 8,192 f16 + 1,024 mask + the fixed part).
+      cell = 2 x 4,352 copied + 2 x 8,192 f16 + 1,024 mask + the fixed part);
+    - with MoE experts on the device (`expert_ff`: n_expert x the experts' n_ff, see expert_ff_width): the
+      experts' activations for every expert, as n_ff in the activations above (measured on an H200 with
+      CUDA: 16 experts of n_ff 2048, n_embd 2048, -ub 512, -c 8192: a 296.01 MiB compute buffer where the
+      dense terms give 56 MiB; 16 x 2048 x 512 x 16 bytes more bounds it). With every expert on the host
+      (-cmoe) the device's buffer had no such part (27,665.28 against 27,661.03 MiB dense, issue 13).
     """
     costs = costs or packaged_compute_costs()
     ctx = kv.context
     n_embd = facts.embedding_length
-    n_ff = max(facts.feed_forward_length, n_embd)
+    n_ff = max(facts.feed_forward_length, n_embd, expert_ff)
     n_head = max(facts.head_count, default=1)
     per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
     n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
@@ -62,6 +68,17 @@ def compute_estimate(
     if kv_f16_copies and kv_on_host and req is not None:
         copies += n_kv * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v))
     return ctx.n_ubatch * per_token + mask + logits + copies
+
+
+def expert_ff_width(facts: ModelFacts) -> int:
+    """n_expert x n_ff of the experts, from the largest up-projection of experts (its rows are n_embd wide)."""
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
+    widest = 0
+    for name, size in facts.tensors:
+        if name.endswith(("ffn_up_exps.weight", "ffn_gate_up_exps.weight")):
+            row = row_bytes(types.get(name, "f32"), facts.embedding_length)
+            widest = max(widest, size // row if row else 0)
+    return widest
 
 
 def input_mask_bytes(kv: KvPlan) -> int:

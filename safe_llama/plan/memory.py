@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, replace
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
-from safe_llama.plan.compute import compute_estimate, host_compute_estimate, input_mask_bytes
+from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import (
     Override,
     balanced_split,
     device_names,
+    experts_on_devices,
     free_split,
     layer_places,
     memory_of,
@@ -158,13 +159,23 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     costs = target.compute_costs
     # the whole KV in host memory while a device runs the graph (its op offload copies K and V over)
     kv_on_host = main != "host" and layout.op_offload and (not kv_offload or settings.n_gpu_layers == 0)
-    compute = compute_estimate(
-        facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, kv_on_host=kv_on_host, costs=costs
-    )
-    compute += target.compute_extra
     n_layer = max(facts.block_count, 1)
     ngl = settings.n_gpu_layers
     offloaded = n_layer + 1 if ngl is None or ngl < 0 else min(ngl, n_layer + 1)
+    split = layout.tensor_split or free_split(target, devices)
+    expert_ff = 0
+    if main != "host" and experts_on_devices(facts, layout.overrides, layer_places(n_layer, offloaded, devices, split)):
+        expert_ff = expert_ff_width(facts)
+    compute = compute_estimate(
+        facts,
+        kv,
+        settings.kv,
+        kv_f16_copies=target.kv_f16_copies,
+        kv_on_host=kv_on_host,
+        costs=costs,
+        expert_ff=expert_ff,
+    )
+    compute += target.compute_extra
     # several devices running all layers: llama.cpp pipelines them, each keeping copies of its graph inputs
     pipelined = (
         len(devices) > 1
@@ -174,7 +185,6 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         and not layout.overrides
     )
     copies = (target.pipeline_copies - 1) * input_mask_bytes(kv) if pipelined else 0
-    split = layout.tensor_split or free_split(target, devices)
     if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
         chosen = planned_split(facts, settings, target)
         split = tuple(float(x) for x in chosen) if chosen is not None else split

@@ -95,6 +95,8 @@ def decision_result(
             "integrated": target.integrated,
             "max_alloc": _sourced(target.max_alloc),
             "device_memory": _sourced(target.device_memory),
+            "device_free": _sourced(target.device_free),
+            "device_budget": _sourced(target.device_budget),
             "host_budget": _sourced(target.host_budget),
             "binary_version": target.binary_version,
             "rpc": [

@@ -43,6 +43,20 @@ def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
     return None
 
 
+def experts_on_devices(facts: ModelFacts, overrides: Sequence[Override], places: Sequence[str]) -> bool:
+    """Whether any MoE expert tensor lands on a device (its layer offloaded and no rule sends it to the host)."""
+    for name, _ in facts.tensors:
+        if "_exps." not in name or not name.startswith("blk."):
+            continue
+        head = name[4:].partition(".")[0]
+        if not head.isdigit() or int(head) >= len(places) or places[int(head)] == "host":
+            continue
+        rule = _placed(name, overrides)
+        if rule is None or not rule.to_host:
+            return True
+    return False
+
+
 # the last weights placement per model: the ladder's context search changes the KV only (the planner's own
 # values: a facts object kept alive here is compared by identity, never by id alone)
 _WEIGHTS: dict[int, tuple[ModelFacts, tuple[object, ...], dict[str, dict[str, int]]]] = {}
@@ -233,4 +247,4 @@ def memory_of(target: Target, place: str) -> Sourced[int] | None:
             return remote.memory
     if place == "host" or not target.on_gpu or target.integrated:
         return None
-    return target.device_memory
+    return target.device_budget

@@ -72,6 +72,29 @@ class Target:
     remote: tuple[RemoteDevice, ...] = ()
     worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
+    # the local GPU's free memory now (NVML, amdgpu's counters, llama.cpp's listing): what another program holds
+    # is not ours to plan with
+    device_free: Sourced[int] | None = None
+    device_runtime: int = 0  # policy: what the backend's runtime takes on the device at start (its context)
+    device_cap: int | None = None  # a failed start: the device held less than this (learned)
+
+    @property
+    def device_budget(self) -> Sourced[int] | None:
+        """What the plan may put on the local GPU: its memory, or less where another program holds some now
+        (free now less the runtime's own part), or less where a failed start showed it; never above the total.
+        A declared or profile size is the user's word: free memory does not lower it."""
+        memory = self.device_memory
+        if memory is None:
+            return None
+        best = memory
+        if self.device_free is not None and memory.source == "probed":
+            usable = max(self.device_free.value - self.device_runtime, 0)
+            if usable < best.value:
+                runtime = f" less {human(self.device_runtime)} for its runtime" if self.device_runtime else ""
+                best = Sourced(usable, "probed", f"{human(self.device_free.value)} {self.device_free.detail}{runtime}")
+        if self.device_cap is not None and self.device_cap < best.value:
+            best = Sourced(self.device_cap, "learned", f"a start that failed on {self.device or 'the device'}")
+        return best
 
     @property
     def limits_on_host(self) -> tuple[HostLimit, ...]:
@@ -130,6 +153,7 @@ def target_from(
         integrated = bool(profile.integrated)
     max_alloc = device.max_alloc_bytes if on_gpu else None
     memory = device.memory_bytes if on_gpu and not integrated else None
+    free = device.memory_free_bytes if memory is not None else None
     return Target(
         backend=backend if backend != "unknown" else "cpu",
         host_budget=host.budget_bytes,
@@ -141,6 +165,7 @@ def target_from(
         device=device.llama_name,
         max_alloc=max_alloc,
         device_memory=memory,
+        device_free=free,
         kv_split=kv_split,
         binary_version=binary_version,
         neo_filter=dict(device.neo_filter),

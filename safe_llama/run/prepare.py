@@ -13,6 +13,7 @@ from pathlib import Path
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
+from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
@@ -43,6 +44,7 @@ class PlanOptions:
     compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
     margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
     worker_caps: tuple[tuple[str, int], ...] = ()  # after a worker stopped during a start: (host:port, bytes)
+    device_cap: int | None = None  # after a start failed on the local GPU: it held less than this
 
 
 DEFAULT_ATTEMPTS = 4
@@ -71,6 +73,7 @@ class Prepared:
     source: ModelSource | None = None  # None: no source given, the bundled model
     layout: Layout = field(default_factory=Layout)
     notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
+    device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
@@ -179,7 +182,7 @@ def prepare(
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
     target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
-    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes)
+    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes, report.target)
     return replan(prepared, options, env)
 
 
@@ -199,6 +202,8 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         compute_costs=policy.compute,
         worker_overhead=policy.rpc_worker_overhead,
         pipeline_copies=policy.pipeline_copies,
+        device_runtime=int(policy.per_backend(policy.device_runtime, target.backend) or 0),
+        device_cap=options.device_cap,
     )
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
