@@ -35,10 +35,7 @@ from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_open
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
 from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
-from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_isolated
-from safe_llama.device.probe_vulkan import fingerprint as vulkan_fingerprint
-from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
-from safe_llama.device.probe_vulkan import report_to_dict as vulkan_to_dict
+from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir
@@ -259,27 +256,6 @@ def probe_opencl_cached(
     return report, False
 
 
-def probe_vulkan_cached(
-    *, env: Mapping[str, str], cache: Path, sysfs: SysfsReport, refresh: bool = False
-) -> tuple[VulkanReport, bool]:
-    """The Vulkan probe (in a child process, see probe_vulkan_isolated), cached under a key that changes with
-    the loader's set-up and the GPUs sysfs shows with their drivers. What VK_EXT_memory_budget says is free
-    is kept with it: free memory is read again with --list-devices, which runs again as often."""
-    gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
-    key = state.digest("\n".join([vulkan_fingerprint(env), *gpus]))
-    where = cache / "vulkan.json"
-    hit = None if refresh else _cache_load(where, key)
-    if hit is not None:
-        try:
-            return vulkan_from_dict(hit[0]), True
-        except (KeyError, TypeError):
-            pass  # written by another version: probe again
-    report = probe_vulkan_isolated(env)
-    if report.status != "error":
-        _cache_store(where, key, vulkan_to_dict(report))
-    return report, False
-
-
 def probe_devices(
     *,
     binary: Path | None,
@@ -323,11 +299,10 @@ def probe_devices(
     else:
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
-    vulkan: VulkanReport | None = None
-    vulkan_cached = False
-    listed_vulkan = llama is not None and any(d.backend == "vulkan" for d in llama.listed.devices)
-    if listed_vulkan or any(name.startswith("Vulkan") for name in request.devices or ()):
-        vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, sysfs=sysfs, refresh=refresh)
+    vulkan, vulkan_cached = None, False
+    if any(d.backend == "vulkan" for d in (llama.listed.devices if llama else ())) or "Vulkan" in str(request.devices):
+        gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
+        vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     target = resolve_target(
         request=request,
         listed=llama.listed if llama is not None else None,

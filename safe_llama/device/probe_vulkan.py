@@ -10,11 +10,12 @@ vulkan_limits do).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -266,6 +267,27 @@ def probe_vulkan_isolated(env: Mapping[str, str] = os.environ, *, timeout: float
     except (IndexError, ValueError, KeyError, TypeError):
         last = (captured.stderr.strip().splitlines() or ["no output"])[-1]
         return VulkanReport((), "error", f"the Vulkan probe exited {captured.returncode} without a report: {last}")
+
+
+def probe_vulkan_cached(
+    *, env: Mapping[str, str], cache: Path, gpus: Sequence[str], refresh: bool = False
+) -> tuple[VulkanReport, bool]:
+    """probe_vulkan_isolated, cached in cache/vulkan.json under a key that changes with the loader's set-up
+    and the GPUs sysfs shows (`gpus`). What VK_EXT_memory_budget says is free is kept with it: --list-devices,
+    run as often, reads free memory again."""
+    key = state.digest("\n".join([fingerprint(env), *gpus]))
+    where = cache / "vulkan.json"
+    data = None if refresh else state.read_json(where)
+    if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("payload"), dict):
+        try:
+            return report_from_dict(data["payload"]), True
+        except (KeyError, TypeError):
+            pass  # written by another version: probe again
+    report = probe_vulkan_isolated(env)
+    if report.status != "error":
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next run a probe
+            state.write_json(where, {"key": key, "payload": report_to_dict(report)})
+    return report, False
 
 
 def main() -> int:

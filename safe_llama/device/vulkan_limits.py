@@ -104,8 +104,9 @@ def vulkan_limits(device: VulkanDevice, env: Mapping[str, str]) -> VulkanLimits:
     if device.shader_64bit_indexing:
         # the pinned build's headers (Vulkan 1.4.309) do not define it, so the range still applies
         warnings.append(
-            f"'{device.name}' offers VK_EXT_shader_64bit_indexing, which lifts the {human(device.max_storage_buffer_range)}"
-            " storage range only in a llama.cpp built with newer Vulkan headers: planned with the range"
+            f"'{device.name}' offers VK_EXT_shader_64bit_indexing, which lifts the "
+            f"{human(device.max_storage_buffer_range)} storage range only in a llama.cpp built with newer Vulkan "
+            "headers: planned with the range"
         )
     counted = [h for h in device.heaps if h.device_local or device.device_type == "integrated-gpu"]
     heap = max((h.size for h in device.heaps), default=None)
@@ -127,7 +128,11 @@ def vulkan_limits(device: VulkanDevice, env: Mapping[str, str]) -> VulkanLimits:
 
 
 def match_vulkan(
-    llama_name: str | None, hardware_name: str, listed_names: Sequence[str], report: VulkanReport, env: Mapping[str, str]
+    llama_name: str | None,
+    hardware_name: str,
+    listed_names: Sequence[str],
+    report: VulkanReport,
+    env: Mapping[str, str],
 ) -> tuple[VulkanDevice | None, str]:
     """The probed device behind llama.cpp's `VulkanN`, and how it was found. With GGML_VK_VISIBLE_DEVICES the
     N-th index listed there is the device's place in vkEnumeratePhysicalDevices; without it, by name (the k-th

@@ -367,7 +367,11 @@ def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[All
         if cache.kind == "recurrent":
             continue
         # K then V per layer; an MLA cache and the indexer hold K only
-        parts = (("K", cache.tensor_bytes[0::2]), ("V", cache.tensor_bytes[1::2])) if cache.v_bytes else (("K", cache.tensor_bytes),)
+        parts = (
+            (("K", cache.tensor_bytes[0::2]), ("V", cache.tensor_bytes[1::2]))
+            if cache.v_bytes
+            else (("K", cache.tensor_bytes),)
+        )
         for part, sizes in parts:
             if not sizes:
                 continue
