@@ -121,7 +121,8 @@ def test_first_start_within_3_percent_of_the_largest(
     args = ["-m", str(bundled_model), "-c", str(ASKED), "-ctxcp", "0"]
     decision = _plan(args, env)
     argv = [str(a) for a in decision["argv"]]  # type: ignore[attr-defined]
-    chosen = int(argv[argv.index("--ctx-size") + 1])
+    flag = "--ctx-size" if "--ctx-size" in argv else "-c"
+    chosen = int(argv[argv.index(flag) + 1])
     assert chosen < ASKED
     reasons = " ".join(str(r) for r in decision["reasons"])  # type: ignore[attr-defined]
     assert "one layer's K cache" in reasons and limit_words in reasons, reasons
@@ -148,7 +149,7 @@ def test_the_tied_embedding_is_counted_once_where_llama_cpp_puts_it(
     facts = model_facts(read_header(str(bundled_model)))
     places = memory_by_place(facts, Settings(kv=KvRequest(tool="server", n_ctx=4096)), target)
     code, log = run_server_until_ready(
-        vulkan_bin, ["-m", str(bundled_model), "-c", "4096", "-ctxcp", "0"], env, timeout=300
+        vulkan_bin, ["-m", str(bundled_model), "-c", "4096", "-ctxcp", "0", "-lv", "4"], env, timeout=300
     )
     assert code is None, log[-3000:]
     sizes = {m[0]: float(m[1]) * MIB for m in re.findall(r"(\S+) model buffer size = +([\d.]+) MiB", log)}
