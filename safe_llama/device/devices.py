@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ from safe_llama import state
 from safe_llama.cmdline import env_scan
 from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
+from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
-from safe_llama.device.limits import NOTHING_DECLARED, NVIDIA, DeclaredLimits, DeviceProfile, Sourced
+from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile, Sourced
 from safe_llama.device.list_devices import (
     DeviceRequest,
     ListedDevices,
@@ -31,16 +32,16 @@ from safe_llama.device.list_devices import (
     parse_version,
     resolve_request,
 )
-from safe_llama.device.probe_free import NO_READINGS, FreeReading, FreeReport, read_amdgpu, read_nvml_isolated
+from safe_llama.device.probe_free import NO_READINGS, FreeReport, read_free
 from safe_llama.device.probe_host import probe_host
 from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_opencl_isolated
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
 from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
+from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir
-from safe_llama.units import parse_bytes
 
 # Environment variables that change what `--list-devices` prints (which devices exist, which OpenVINO
 # device is selected). A cached listing is only valid for the same values.
@@ -62,16 +63,6 @@ LLAMA_ENV_PREFIXES = (
     "MESA_",
     "LD_LIBRARY_PATH",
     "NVIDIA_",
-)
-
-# What else decides which devices llama.cpp sees: the kernel drivers loaded, their device nodes, the ICD
-# files that name the user-space drivers. A listing cached while no driver was loaded must not outlive it.
-DRIVER_MODULES = frozenset({"nvidia", "nvidia_uvm", "amdgpu", "i915", "xe", "radeon", "nouveau"})
-ICD_DIRS = (
-    "/etc/OpenCL/vendors",
-    "/usr/share/vulkan/icd.d",
-    "/etc/vulkan/icd.d",
-    "/usr/local/share/vulkan/icd.d",
 )
 
 
@@ -99,18 +90,8 @@ class DeviceReport:
     profile: DeviceProfile | None
     rpc: ListedDevices | None = None  # the devices of the --rpc workers, as llama.cpp lists them
     free: FreeReport = NO_READINGS  # the vendors' free-memory readings, taken now
-
-
-@dataclass(frozen=True)
-class ProbeRoots:
-    """The parts of the file system the probes read; tests point them at temporary trees."""
-
-    sys_root: Path = Path("/sys")
-    dev_root: Path = Path("/dev")
-    proc_cgroup: Path = Path("/proc/self/cgroup")
-    cgroup_root: Path = Path("/sys/fs/cgroup")
-    proc_root: Path = Path("/proc")
-    icd_dirs: tuple[Path, ...] = tuple(Path(d) for d in ICD_DIRS)
+    vulkan: VulkanReport | None = None  # probed when llama.cpp lists a Vulkan device
+    vulkan_cached: bool = False
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -187,32 +168,6 @@ def _cache_store(path: Path, key: str, payload: dict[str, Any]) -> None:
     # A cache that cannot be written only costs the next run a fresh probe.
     with contextlib.suppress(OSError):
         state.write_json(path, {"format": CACHE_FORMAT, "key": key, "written_at": time.time(), "payload": payload})
-
-
-def _listing(folder: Path, keep: Callable[[str], bool] = lambda name: True) -> str:
-    try:
-        return f"{folder}:{','.join(sorted(name for name in os.listdir(folder) if keep(name)))}"
-    except OSError:
-        return f"{folder}:-"
-
-
-def driver_state(roots: ProbeRoots) -> str:
-    """The GPU drivers as the system has them now: kernel modules loaded, NVIDIA's driver version, device
-    nodes, ICD files. Part of the listing cache's key, so a listing made without a driver is not reused
-    once the driver is there (and the other way round)."""
-    try:
-        nvidia = (roots.proc_root / "driver" / "nvidia" / "version").read_text()[:200]
-    except OSError:
-        nvidia = "-"
-    return "\n".join(
-        [
-            _listing(roots.sys_root / "module", lambda name: name in DRIVER_MODULES),
-            nvidia,
-            _listing(roots.dev_root, lambda name: name.startswith("nvidia") or name == "kfd"),
-            _listing(roots.dev_root / "dri"),
-            *(_listing(folder) for folder in roots.icd_dirs),
-        ]
-    )
 
 
 def probe_llama(
@@ -304,7 +259,7 @@ def probe_devices(
     env: Mapping[str, str] = os.environ,
     declared: DeclaredLimits = NOTHING_DECLARED,
     refresh: bool = False,
-    roots: ProbeRoots = ProbeRoots(),
+    roots: ProbeRoots = DEFAULT_ROOTS,
     binary_note: str = "",
     opencl_always: bool = True,
     rpc_servers: str | None = None,
@@ -341,7 +296,11 @@ def probe_devices(
     else:
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
-    free = read_free(sysfs, llama.listed if llama is not None else None, roots)
+    vulkan, vulkan_cached = None, False
+    if any(d.backend == "vulkan" for d in (llama.listed.devices if llama else ())) or "Vulkan" in str(request.devices):
+        gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
+        vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
+    free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root)
 
     def resolve(llama: LlamaProbe | None) -> TargetDevice:
         return resolve_target(
@@ -357,6 +316,7 @@ def probe_devices(
             rules=backend_rules(env),
             free_now=free.readings,
             listing_age=time.time() - llama.probed_at if llama is not None else None,
+            vulkan=vulkan,
         )
 
     target = resolve(llama)
@@ -378,6 +338,8 @@ def probe_devices(
         profile=profile,
         rpc=probe_rpc(binary, rpc_servers, env=env) if binary is not None and rpc_servers else None,
         free=free,
+        vulkan=vulkan,
+        vulkan_cached=vulkan_cached,
     )
 
 
@@ -388,14 +350,14 @@ def needs_free_now(target: TargetDevice) -> bool:
 
 
 def free_again(
-    device: TargetDevice, binary: Path | None, env: Mapping[str, str], roots: ProbeRoots = ProbeRoots()
+    device: TargetDevice, binary: Path | None, env: Mapping[str, str], roots: ProbeRoots = DEFAULT_ROOTS
 ) -> Sourced[int] | None:
     """The device's free memory read again now (after a failed start): the vendor's reading, else llama.cpp's
     listing run again; None when neither knows the device."""
     if device.listed is None:
         return None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
-    free = read_free(sysfs, ListedDevices((device.listed,)), roots)
+    free = read_free(sysfs, ListedDevices((device.listed,)), roots.sys_root)
     reading, _ = match_reading(device.listed, device.pci, free.readings, env)
     if reading is not None:
         return free_figure(device.listed, reading, listing_age=None)
@@ -409,80 +371,4 @@ def free_again(
     return free_figure(again, None, listing_age=None)
 
 
-def read_free(sysfs: SysfsReport, listed: ListedDevices | None, roots: ProbeRoots = ProbeRoots()) -> FreeReport:
-    """Free memory now from the vendors' interfaces of the GPUs present: NVML where an NVIDIA GPU is (sysfs
-    shows one, or llama.cpp lists a CUDA device), amdgpu's counters for each amdgpu device."""
-    readings: list[FreeReading] = []
-    notes = []
-    driver = None
-    cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
-    if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
-        nvml = read_nvml_isolated()
-        driver = nvml.driver
-        readings.extend(nvml.readings)
-        notes.append(nvml.note)
-    amd = [g.bdf for g in sysfs.gpus if g.driver == "amdgpu"]
-    if amd:
-        amdgpu = read_amdgpu(roots.sys_root, amd)
-        readings.extend(amdgpu.readings)
-        notes.append(amdgpu.note)
-    return FreeReport(tuple(readings), driver, "; ".join(notes) or "no NVIDIA or amdgpu GPU: no vendor reading")
-
-
 # ------------------------------------------------------------------------------------------ rendering
-
-
-def declared_limits(
-    *,
-    profile: str | None = None,
-    max_alloc: str | None = None,
-    device_memory: str | None = None,
-    integrated: bool | None = None,
-    host_memory: str | None = None,
-    rpc_memory: str | None = None,
-    origins: Mapping[str, str] | None = None,
-) -> DeclaredLimits:
-    """DeclaredLimits from command-line text; a bad size is a usage error naming where it was set
-    (`origins`: setting name -> SAFE_LLAMA_* or the config file, when not its option)."""
-    where = dict(origins or {})
-
-    def size(option: str, text: str | None) -> int | None:
-        if text is None:
-            return None
-        option = where.get(option.removeprefix("--").replace("-", "_"), option)
-        try:
-            value = parse_bytes(text)
-        except ValueError as err:
-            raise SafeLlamaError(f"safe-llama: {option}: {err}", ExitStatus.USAGE) from None
-        if value <= 0:
-            raise SafeLlamaError(f"safe-llama: {option}: must be more than 0", ExitStatus.USAGE)
-        return value
-
-    return DeclaredLimits(
-        profile=profile,
-        max_alloc_bytes=size("--max-alloc", max_alloc),
-        memory_bytes=size("--device-memory", device_memory),
-        integrated=integrated,
-        host_memory_bytes=size("--host-memory", host_memory),
-        rpc_memory=_rpc_memory(rpc_memory, where.get("rpc_memory", "--rpc-memory"), size),
-        origins=tuple(sorted(where.items())),
-    )
-
-
-def _rpc_memory(
-    text: str | None, option: str, size: Callable[[str, str | None], int | None]
-) -> tuple[tuple[str, int], ...]:
-    """`HOST:PORT=SIZE[,HOST:PORT=SIZE...]`: what each RPC worker may hold."""
-    if not text:
-        return ()
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
-        endpoint, eq, amount = part.rpartition("=")
-        if not eq or not endpoint or ":" not in endpoint:
-            raise SafeLlamaError(
-                f"safe-llama: {option}: '{part}' is not HOST:PORT=SIZE (e.g. 10.0.0.2:50052=12G)", ExitStatus.USAGE
-            )
-        value = size(option, amount)
-        assert value is not None
-        out[endpoint.strip()] = value
-    return tuple(sorted(out.items()))

@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from safe_llama.device.limits import NVIDIA
+from safe_llama.device.list_devices import ListedDevices
+from safe_llama.device.probe_sysfs import SysfsReport
+
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
 
@@ -189,3 +193,23 @@ def read_amdgpu(sys_root: Path, bdfs: Sequence[str]) -> FreeReport:
             continue
         readings.append(FreeReading("amdgpu sysfs", index, bdf, bdf, None, total, max(total - used, 0)))
     return FreeReport(tuple(readings), None, f"amdgpu sysfs: {len(readings)} GPU(s)")
+
+
+def read_free(sysfs: SysfsReport, listed: ListedDevices | None, sys_root: Path = Path("/sys")) -> FreeReport:
+    """Free memory now from the vendors' interfaces of the GPUs present: NVML where an NVIDIA GPU is (sysfs
+    shows one, or llama.cpp lists a CUDA device), amdgpu's counters for each amdgpu device."""
+    readings: list[FreeReading] = []
+    notes = []
+    driver = None
+    cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
+    if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
+        nvml = read_nvml_isolated()
+        driver = nvml.driver
+        readings.extend(nvml.readings)
+        notes.append(nvml.note)
+    amd = [g.bdf for g in sysfs.gpus if g.driver == "amdgpu"]
+    if amd:
+        amdgpu = read_amdgpu(sys_root, amd)
+        readings.extend(amdgpu.readings)
+        notes.append(amdgpu.note)
+    return FreeReport(tuple(readings), driver, "; ".join(notes) or "no NVIDIA or amdgpu GPU: no vendor reading")

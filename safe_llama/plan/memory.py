@@ -95,6 +95,7 @@ def _model_memory(
     kv: KvPlan | None,
     kv_offload: bool,
     repack_types: frozenset[str] = frozenset(),
+    max_tensor: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
     CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
@@ -103,7 +104,7 @@ def _model_memory(
     # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
     offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
     places = layer_places(n_layer, offloaded, devices, split)
-    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types)
+    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor)
     out = {place: dict(items) for place, items in weights.items()}
 
     def add(place: str, item: str, size: int) -> None:
@@ -189,7 +190,10 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         chosen = planned_split(facts, settings, target)
         split = tuple(float(x) for x in chosen) if chosen is not None else split
     repack = target.cpu_repack_types
-    out = _model_memory(facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack)
+    max_tensor = target.max_tensor.value if target.max_tensor is not None else None
+    out = _model_memory(
+        facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack, max_tensor
+    )
     out.setdefault("host", {})
 
     def add(place: str, item: str, size: int) -> None:
@@ -222,7 +226,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         draft = layout.draft
         draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor
         )
         for place, items in part.items():
             for item, size in items.items():
@@ -262,8 +266,12 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
     offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
     device_share = offloaded / n_layer if kv_on_device else 0.0
     split = kv_splits(target, policy)
+    if kv_on_device and target.max_tensor is not None and offloaded:
+        out.extend(_tensor_limits(kv, target.max_tensor, n_ctx))
     if kv_on_device and target.max_alloc is not None and offloaded:
         margin = policy.per_backend(policy.max_alloc_margin, target.backend)
+        if target.max_alloc.detail.startswith("GGML_VK_FORCE"):
+            margin = 0  # ggml compares a buffer with the forced size to the byte (ggml_vk_create_buffer)
         limit = target.max_alloc.value - margin
         limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
         per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
@@ -271,7 +279,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         if margin:
             limit_name += f" less {human(margin)} margin"
         for cache in kv.caches:
-            sizes = buffers(cache.tensor_bytes, target.max_alloc.value if split else None)
+            sizes = buffers(cache.tensor_bytes, (target.alloc_block or target.max_alloc.value) if split else None)
             for i, size in enumerate(sizes):
                 label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
                 subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
@@ -357,6 +365,32 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             )
         )
     return tuple(out)
+
+
+def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[Allocation]:
+    """Each cache's largest K and V tensor (one layer's, every stream) against the largest tensor the device's
+    operations take: above it llama.cpp aborts ("pre-allocated tensor (cache_k_l0) in a buffer (Vulkan0) that
+    cannot run the operation"). ggml compares the tensor's bytes to the limit exactly: no margin."""
+    out = []
+    words = f"the device's {human(max_tensor.value)} limit per tensor ({_origin(max_tensor)})"
+    for cache in kv.caches:
+        if cache.kind == "recurrent":
+            continue
+        # K then V per layer; an MLA cache and the indexer hold K only
+        parts = (
+            (("K", cache.tensor_bytes[0::2]), ("V", cache.tensor_bytes[1::2]))
+            if cache.v_bytes
+            else (("K", cache.tensor_bytes),)
+        )
+        for part, sizes in parts:
+            if not sizes:
+                continue
+            largest = max(sizes)
+            label = f"KV {cache.kind} {part} tensor of one layer"
+            subject = f"one layer's {part} cache" + (f" ({cache.kind})" if len(kv.caches) > 1 else "")
+            name = f"largest device tensor {human(max_tensor.value)} ({max_tensor.source})"
+            out.append(Allocation(label, largest, max_tensor.value, name, subject, words, n_ctx))
+    return out
 
 
 _PLAIN = frozenset({"weights", "kv", "compute"})

@@ -61,6 +61,10 @@ class Target:
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
     max_alloc: Sourced[int] | None = None
+    # the largest tensor the device's operations take (Vulkan: maxStorageBufferRange or the max buffer size):
+    # a larger weight stays on the host, a larger KV tensor aborts the start
+    max_tensor: Sourced[int] | None = None
+    alloc_block: int | None = None  # buffers are packed up to this (Vulkan's suballocation block); None: max_alloc
     device_memory: Sourced[int] | None = None
     kv_split: bool | None = None  # None: decided from the backend and the binary's version
     binary_version: str | None = None
@@ -152,6 +156,7 @@ def target_from(
         on_gpu = True
         integrated = bool(profile.integrated)
     max_alloc = device.max_alloc_bytes if on_gpu else None
+    vulkan = device.vulkan if on_gpu else None
     memory = device.memory_bytes if on_gpu and not integrated else None
     free = device.memory_free_bytes if memory is not None else None
     return Target(
@@ -164,6 +169,8 @@ def target_from(
         integrated=integrated,
         device=device.llama_name,
         max_alloc=max_alloc,
+        max_tensor=vulkan.max_tensor if vulkan is not None else None,
+        alloc_block=vulkan.block.value if vulkan is not None else None,
         device_memory=memory,
         device_free=free,
         kv_split=kv_split,

@@ -207,7 +207,10 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
         facts=facts,
         matches=tuple(matches),
         failure=failure,
-        stage=_PHASE_STAGE.get(phase_at_failure or "") if failure is not None and failure.memory else None,
+        # what the deciding line itself says it was for (a KV tensor's name) over the phase it came in
+        stage=(failure.stage or _PHASE_STAGE.get(phase_at_failure or ""))
+        if failure is not None and failure.memory
+        else None,
         abort=abort,
         refused_device=refused,
         available_devices=available,
