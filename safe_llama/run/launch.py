@@ -72,7 +72,7 @@ def run(
     from safe_llama.cmdline.llama_args import redact_argv
     from safe_llama.device.binaries import find_binary
     from safe_llama.run import remember, supervise
-    from safe_llama.run.prepare import final_argv, prepare, replan
+    from safe_llama.run.prepare import final_argv, free_again, prepare, replan
     from safe_llama.run.readiness import probe_for
     from safe_llama.run.retry import Learned, learn
     from safe_llama.run.signatures import load_table
@@ -213,7 +213,9 @@ def run(
             device_cap=learned.device_cap,
         )
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
-        prepared = _free_again(prepared, env, say)
+        prepared, moved = free_again(prepared, env)
+        if moved:
+            say(moved)
         prepared = replan(prepared, plan_options, env)
         stepped = _cap_binds(prepared, plan_options, env)
 
@@ -283,23 +285,6 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int, int] | None, *, plann
     estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
     device = target.device if target.on_gpu and not target.integrated else None
     return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped, device=device)
-
-
-def _free_again(prepared: Prepared, env: Mapping[str, str], say: Say) -> Prepared:
-    """The GPU's free memory read again after a failed start (another program may hold more now), said when
-    it moved."""
-    from safe_llama.device.devices import free_again
-
-    before = prepared.target.device_free
-    if before is None or prepared.device is None:
-        return prepared
-    now = free_again(prepared.device, prepared.binary, env)
-    if now is None:
-        return prepared
-    if abs(now.value - before.value) > before.value // 100:
-        name = prepared.target.device or "the GPU"
-        say(f"{name}: {human(now.value)} free now, {human(before.value)} when planned: planning with it")
-    return replace(prepared, target=replace(prepared.target, device_free=now))
 
 
 def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:

@@ -228,6 +228,24 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     return replace(prepared, target=target, plan=decided, error=error)
 
 
+def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, str | None]:
+    """The GPU's free memory read again after a failed start (another program may hold more now), and a line
+    saying so when it moved."""
+    from safe_llama.device.devices import free_again as read_again
+
+    before = prepared.target.device_free
+    if before is None or prepared.device is None:
+        return prepared, None
+    now = read_again(prepared.device, prepared.binary, env)
+    if now is None:
+        return prepared, None
+    said = None
+    if abs(now.value - before.value) > before.value // 100:
+        name = prepared.target.device or "the GPU"
+        said = f"{name}: {human(now.value)} free now, {human(before.value)} when planned: planning with it"
+    return replace(prepared, target=replace(prepared.target, device_free=now)), said
+
+
 def final_argv(prepared: Prepared) -> list[str]:
     """The tool's argv as the plan launches it: the user's, with the plan's explicit changes."""
     changes = dict(prepared.plan.argv_changes) if prepared.plan else {}
