@@ -125,7 +125,7 @@ def test_openvino_device_refused_offers_the_devices_it_has() -> None:
 def test_compute_buffer_failure_points_at_the_batches() -> None:
     expl = explained(log("completion-compute-oom.log"), model="/absent.gguf")
     assert expl.stage == "compute"
-    assert remedy(expl, "batch").argv_changes == {"--ubatch-size": "512", "--batch-size": "2048"}
+    assert remedy(expl, "batch").argv_changes == {"--ubatch-size": "512"}  # the failed run's was -b 8192 -ub 8192
 
 
 def test_no_failure_and_unrecognised_errors_exit_1() -> None:
