@@ -115,6 +115,12 @@ def run(
             prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
             recalled = True
+    if prepared is not None and first is None:  # an early start said them already
+        for line in prepared.announce:
+            if recorder is not None:
+                recorder.say(say, line)
+            else:
+                say(line)
     attempt = 0
     last_kv: tuple[int, int] | None = None
     learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
