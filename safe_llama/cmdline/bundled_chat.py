@@ -89,7 +89,7 @@ def chat_options(
     if not added:
         return [], None
     line = (
-        f"{' '.join(shlex.quote(w) for w in added)}: the bundled model (Gemma 3 270M, a base model) has no chat "
-        f"template of its own; in a chat it gets {', '.join(says)}, so each reply ends by itself"
+        f"{' '.join(shlex.quote(w) for w in added)}: the bundled model (Gemma 3 270M, a base model without a chat "
+        f"template) gets {' and '.join(says)}, so each reply ends by itself"
     )
     return added, line

@@ -10,7 +10,7 @@ from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import configs_dir
 
 DEFAULTS = load_chat_defaults(configs_dir() / "bundled-model.toml")
-ALL = ["--no-jinja", "--chat-template", "gemma", "-r", "<start_of_turn>", "-n", "256"]
+ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
 
 
 @pytest.mark.parametrize(
@@ -19,16 +19,13 @@ ALL = ["--no-jinja", "--chat-template", "gemma", "-r", "<start_of_turn>", "-n", 
         pytest.param("cli", [], {}, ALL, id="cli"),
         pytest.param("server", ["--port", "8080"], {}, ALL, id="server"),
         pytest.param("completion", [], {}, [], id="completion: no chat"),
-        pytest.param("cli", ["-n", "32"], {}, ALL[:5], id="the user's -n"),
-        pytest.param("cli", ["--predict", "32"], {}, ALL[:5], id="the user's -n, long name"),
-        pytest.param("server", [], {"LLAMA_ARG_N_PREDICT": "32"}, ALL[:5], id="the user's -n as a variable"),
-        pytest.param("cli", ["--jinja"], {}, ALL[3:], id="the user's --jinja keeps jinja and no template"),
-        pytest.param("cli", ["--chat-template", "chatml"], {}, ALL[3:], id="the user's template"),
-        pytest.param("cli", ["--chat-template-file", "t.jinja"], {}, ALL[3:], id="the user's template file"),
-        pytest.param("cli", ["-r", "User:"], {}, [*ALL[:3], "-n", "256"], id="the user's stop string"),
-        pytest.param(
-            "cli", ["--no-jinja", "--chat-template", "gemma", "-r", "x", "-n", "9"], {}, [], id="all the user's"
-        ),
+        pytest.param("cli", ["-n", "32"], {}, ALL[:4], id="the user's -n"),
+        pytest.param("cli", ["--predict", "32"], {}, ALL[:4], id="the user's -n, long name"),
+        pytest.param("server", [], {"LLAMA_ARG_N_PREDICT": "32"}, ALL[:4], id="the user's -n as a variable"),
+        pytest.param("cli", ["--chat-template", "gemma"], {}, ALL[4:], id="the user's template"),
+        pytest.param("cli", ["--chat-template-file", "t.jinja"], {}, ALL[4:], id="the user's template file"),
+        pytest.param("cli", ["-r", "User:"], {}, ALL[4:], id="the user's stop string"),
+        pytest.param("cli", ["-r", "x", "-n", "9"], {}, [], id="all the user's"),
     ],
 )
 def test_options_added_only_where_the_user_set_none(
@@ -37,7 +34,7 @@ def test_options_added_only_where_the_user_set_none(
     options, line = chat_options(tool, args, env, DEFAULTS)
     assert options == added
     if added:
-        assert line is not None and line.startswith(" ".join(a if "<" not in a else f"'{a}'" for a in added))
+        assert line is not None and line.startswith(" ".join(f"'{a}'" if "<" in a else a for a in added) + ": ")
         assert "ends by itself" in line
     else:
         assert line is None
