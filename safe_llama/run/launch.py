@@ -206,7 +206,11 @@ def run(
             failure,
             learned,
             lower_kv=lower.kv.total_bytes if lower is not None else None,
-            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
+            # the band only below a planned start that failed: after an unplanned one (--no-predict) the next
+            # plan keeps the margin, as a predicted launch does
+            search_band=prepared.target.address_space_budget
+            and tool in _READY_AFTER_EVERY_ALLOCATION
+            and attempt_is_planned(attempt, options),
         )
         learned = lesson.learned
         plan_options = replace(

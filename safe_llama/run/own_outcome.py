@@ -68,13 +68,13 @@ def own_exit(
     failure = reading.failure
     if failure is not None and failure.memory:
         why.append(
-            "llama.cpp's first failed start: "
+            "the first failed start (llama.cpp's line): "
             + failure_what(failure, words, reading.facts.backend, TOOL_BINARY[run.tool])
         )
     retries = reading.retries
     if retries:
         attempts = ", ".join(r.groups.get("attempt", "?") for r in retries)
-        why.append(f"safe-llama retried after attempt(s) {attempts}, each time with a smaller plan")
+        why.append(f"retried after attempt(s) {attempts}, each time with a smaller plan")
     what = fill(said.get("what", "safe-llama stopped"), values)
     if ending.exit is not None and f"exit {ending.exit}" not in what:
         what += f" (exit {ending.exit})"
@@ -99,7 +99,7 @@ def recovered(reading: LogReading, run: FailedRun, words: Words) -> OwnExplained
     if failure is not None:
         why.append(f"the first start failed: {failure_what(failure, words, reading.facts.backend, binary)}")
     why += [
-        f"attempt {r.groups.get('attempt', '?')} failed; safe-llama retried: {r.groups.get('reason') or r.text}"
+        f"attempt {r.groups.get('attempt', '?')} failed, then retried: {r.groups.get('reason') or r.text}"
         for r in retries
     ]
     started = 1 + max(int(r.groups.get("attempt", "1")) for r in retries)
