@@ -41,5 +41,5 @@ def test_options_added_only_where_the_user_set_none(
 
 
 def test_a_bad_table_names_the_file() -> None:
-    with pytest.raises(SafeLlamaError, match="bundled.toml"):
+    with pytest.raises(SafeLlamaError, match=r"bundled\.toml"):
         parse_chat_defaults({"tools": ["cli"], "option": [{"name": "-n"}]}, "bundled.toml")

@@ -379,7 +379,7 @@ def test_an_exit_68_names_llama_cpps_failure_second_and_reads_the_retry_line_as_
     # the retry line quotes llama.cpp's ggml_aligned_malloc line: it is safe-llama's, not a second failure
     assert [m.signature_id for m in reading.matches].count("cpu-aligned-malloc") == 1
     assert [o.pattern_id for o in reading.own] == ["retry", "nothing-fits-after-retries"]
-    code, data = _explain_json("safe-llama-exit68-nothing-fits-after-retry.log")
+    _, data = _explain_json("safe-llama-exit68-nothing-fits-after-retry.log")
     why = data["why"]
     assert isinstance(why, list) and "less 8.00 MiB" in why[0]  # the retry's plan keeps the margin (--no-predict)
     assert "551.28 MiB" in why[1] and "retried after attempt(s) 1" in why[2]
@@ -398,7 +398,7 @@ def test_a_missing_model_does_not_assume_a_tool() -> None:
 def test_a_start_safe_llama_retried_is_recovered() -> None:
     code, data = _explain_json("safe-llama-retried-started.log")
     assert (code, data["status"], data["remedies"]) == (0, "recovered", [])
-    assert "llama-completion failed to start, and safe-llama's retry started it (attempt 2)" == data["what"]
+    assert data["what"] == "llama-completion failed to start, and safe-llama's retry started it (attempt 2)"
     why = data["why"]
     assert isinstance(why, list) and "678,721,536 bytes" in why[0] and "retried: the compute buffers" in why[1]
 
