@@ -3,11 +3,20 @@ where the user set none of them. The chat ending by itself is tests/run/test_cli
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
 import pytest
 
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults, parse_chat_defaults
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import configs_dir
+from tests.conftest import console_script
+from tests.llama_run import free_port, healthy
 
 DEFAULTS = load_chat_defaults(configs_dir() / "bundled-model.toml")
 ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
@@ -43,3 +52,32 @@ def test_options_added_only_where_the_user_set_none(
 def test_a_bad_table_names_the_file() -> None:
     with pytest.raises(SafeLlamaError, match=r"bundled\.toml"):
         parse_chat_defaults({"tools": ["cli"], "option": [{"name": "-n"}]}, "bundled.toml")
+
+
+@pytest.mark.slow
+def test_the_bundled_servers_chat_completion_ends_by_itself(
+    tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    """/v1/chat/completions without stop or max_tokens, as a newcomer's first request: the reply stops at the
+    model's ChatML end-of-turn text, which is not in the reply."""
+    port = free_port()
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    argv = [str(console_script("safe-llama-server")), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not healthy(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "seed": 42}).encode()
+        request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1
+            f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - http://127.0.0.1
+            answer = json.loads(response.read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"  # not "length": a stop string ended it, not the cap
+    assert "<|im_end|>" not in choice["message"]["content"] and "<|im_start|>" not in choice["message"]["content"]
+    assert "so each reply ends by itself" in err
