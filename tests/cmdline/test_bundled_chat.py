@@ -69,7 +69,7 @@ def test_the_bundled_servers_chat_completion_ends_by_itself(
         while not healthy(port) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "seed": 42}).encode()
-        request = urllib.request.Request(  # noqa: S310 - http://127.0.0.1
+        request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - http://127.0.0.1
