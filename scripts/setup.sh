@@ -15,6 +15,9 @@
 #                             test tools) and the OpenVINO and Vulkan llama.cpp builds as well (Vulkan tests run
 #                             on Mesa's lavapipe, a CPU Vulkan driver).
 #
+# Each stage says what it does on stderr; a llama.cpp build says where its log is and how far it got, and
+# a normal user's set-up uses the system-wide build when it is the same (scripts/build-llama.sh).
+#
 # It never installs into the system Python (Debian's is "externally managed", PEP 668): Debian packages
 # come from apt (sudo when not root), Python packages go into the virtual environment.
 # PYTHON=... picks the interpreter the virtual environment is made from (default: Debian's /usr/bin/python3,
@@ -35,6 +38,7 @@ SUDO=
 umask 022
 
 say() { echo "setup: $*" >&2; }
+elapsed() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 
 if [ -n "${PYTHON:-}" ]; then
   BASE=$PYTHON
@@ -128,3 +132,4 @@ if [ "$MODE" = user ]; then
          "which is not on your PATH: add it, or run scripts/safe-llama" ;;
   esac
 fi
+say "done in $(elapsed)"

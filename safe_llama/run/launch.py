@@ -115,6 +115,12 @@ def run(
             prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
             recalled = True
+    if prepared is not None and first is None:  # an early start said them already
+        for line in prepared.announce:
+            if recorder is not None:
+                recorder.say(say, line)
+            else:
+                say(line)
     attempt = 0
     last_kv: tuple[int, int, int] | None = None
     learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
@@ -201,7 +207,11 @@ def run(
             failure,
             learned,
             lower_kv=lower.kv.total_bytes if lower is not None else None,
-            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
+            # the band only below a planned start that failed: after an unplanned one (--no-predict) the next
+            # plan keeps the margin, as a predicted launch does
+            search_band=prepared.target.address_space_budget
+            and tool in _READY_AFTER_EVERY_ALLOCATION
+            and attempt_is_planned(attempt, options),
         )
         learned = lesson.learned
         plan_options = replace(

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
@@ -73,6 +74,7 @@ class Prepared:
     source: ModelSource | None = None  # None: no source given, the bundled model
     layout: Layout = field(default_factory=Layout)
     notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
+    announce: tuple[str, ...] = ()  # options added to the user's command line, one line each (the bundled chat)
     device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
 
 
@@ -146,8 +148,14 @@ def prepare(
     cmd = parse(tool, args, env)
     rpc = cmd.value("--rpc")
     servers = rpc if isinstance(rpc, str) and rpc else None
-    req = to_request(cmd)
     source = resolve(cmd, env)
+    announce: tuple[str, ...] = ()
+    if source is None:  # the bundled model: in a chat, what it needs for each reply to end
+        added, line = chat_options(tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml"))
+        if line is not None:
+            args, announce = [*args, *added], (line,)
+            cmd = parse(tool, args, env)
+    req = to_request(cmd)
     path = model_path_for(source, env)
     facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env)
@@ -182,7 +190,9 @@ def prepare(
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
     target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
-    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes, report.target)
+    prepared = Prepared(
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+    )
     return replan(prepared, options, env)
 
 
