@@ -109,7 +109,8 @@ def _weights(
     if devices and places[n_layer] != "host" and "token_embd.weight" in names and "output.weight" not in names:
         # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
         # device (TENSOR_DUPLICATED), which is offloaded from -ngl 1 on (measured on an H200: -ngl 10 of 24
-        # layers put 9 layers and the 5.11 MiB copy on CUDA0, 3,173.42 MiB); on the host the two are one mapping, so one too large for the device
+        # layers put 9 layers and the 5.11 MiB copy on CUDA0, 3,173.42 MiB); on the host the two are one
+        # mapping, so one too large for the device
         # is counted once, where it lives
         embd = dict(tensors)["token_embd.weight"]
         if max_tensor is None or embd <= max_tensor:
