@@ -351,16 +351,17 @@ def needs_free_now(target: TargetDevice) -> bool:
 
 def free_again(
     device: TargetDevice, binary: Path | None, env: Mapping[str, str], roots: ProbeRoots = DEFAULT_ROOTS
-) -> Sourced[int] | None:
+) -> tuple[Sourced[int], bool] | None:
     """The device's free memory read again now (after a failed start): the vendor's reading, else llama.cpp's
-    listing run again; None when neither knows the device."""
+    listing run again (True: the figure is the listing's); None when neither knows the device."""
     if device.listed is None:
         return None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
     free = read_free(sysfs, ListedDevices((device.listed,)), roots.sys_root)
     reading, _ = match_reading(device.listed, device.pci, free.readings, env)
     if reading is not None:
-        return free_figure(device.listed, reading, listing_age=None)
+        figure = free_figure(device.listed, reading, listing_age=None)
+        return (figure, False) if figure is not None else None
     if binary is None:
         return None
     try:
@@ -368,7 +369,8 @@ def free_again(
     except (OSError, SafeLlamaError):
         return None
     again = next((d for d in llama.listed.devices if d.name == device.listed.name), None)
-    return free_figure(again, None, listing_age=None)
+    figure = free_figure(again, None, listing_age=None)
+    return (figure, True) if figure is not None else None
 
 
 # ------------------------------------------------------------------------------------------ rendering

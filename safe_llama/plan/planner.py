@@ -84,6 +84,15 @@ def largest_ctx(
     return lo * unit
 
 
+def layers_words(ngl: int, n_layer: int) -> str:
+    """What -ngl N offloads, as llama.cpp counts it: the output layer first, then the last repeating layers."""
+    if ngl <= 0:
+        return "no layer"
+    if ngl > n_layer:
+        return f"all {n_layer} layers and the output layer"
+    return f"{ngl - 1} of {n_layer} layers and the output layer"
+
+
 def _expert_layers(facts: ModelFacts) -> int:
     """How many of the first layers hold MoE experts (llama.cpp's -ncmoe counts from layer 0)."""
     found = [
@@ -138,7 +147,7 @@ def _weights_off(
         ngl = 0 if fewest_off is None else current - fewest_off
         settings = replace(settings, n_gpu_layers=ngl)
         changes["--gpu-layers"] = str(ngl)
-        moved.append(f"-ngl {ngl}, {min(ngl, n_layer)} of {n_layer} layers on the GPU")
+        moved.append(f"-ngl {ngl}, {layers_words(ngl, n_layer)} on the GPU")
     elif settings.n_gpu_layers is None:
         settings = replace(settings, n_gpu_layers=n_layer + 1)  # every layer, said explicitly: -fit off
         changes["--gpu-layers"] = str(n_layer + 1)
@@ -321,7 +330,7 @@ def plan(
             settings = replace(settings, n_gpu_layers=chosen_ngl)
             changes["--gpu-layers"] = str(chosen_ngl)
             taken.append(
-                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {chosen_ngl} of {n_layer} layers on the GPU")
+                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {layers_words(chosen_ngl, n_layer)} on the GPU")
             )
     if ctx_applied and _fits(facts, settings, target, policy):
         # a later step freed memory: give the context back, up to what was asked

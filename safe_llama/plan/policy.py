@@ -54,6 +54,7 @@ class Policy:
     # what a GPU backend's runtime holds on the device once a process starts (CUDA's context): the free figure
     # read before the start is reduced by it
     device_runtime: Mapping[str, int] = field(default_factory=dict)
+    device_context: Mapping[str, int] = field(default_factory=dict)  # the part a listing's free figure lacks
     keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
 
     @property
@@ -179,5 +180,6 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         rpc_worker_overhead=setting("rpc_worker_overhead_bytes", int, 0),
         pipeline_copies=setting("pipeline_copies", int, 1),
         device_runtime=setting("device_runtime_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
+        device_context=setting("device_context_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
         keep_user_ngl=setting("keep_user_ngl", bool, False),
     )

@@ -79,6 +79,7 @@ class Target:
     # the local GPU's free memory now (NVML, amdgpu's counters, llama.cpp's listing): what another program holds
     # is not ours to plan with
     device_free: Sourced[int] | None = None
+    device_free_listed: bool = False  # device_free is llama.cpp's listing (read after it made its context)
     device_runtime: int = 0  # policy: what the backend's runtime takes on the device at start (its context)
     device_cap: int | None = None  # a failed start: the device held less than this (learned)
 
@@ -159,6 +160,7 @@ def target_from(
     vulkan = device.vulkan if on_gpu else None
     memory = device.memory_bytes if on_gpu and not integrated else None
     free = device.memory_free_bytes if memory is not None else None
+    listed = free is not None and not device.free_is_vendor
     return Target(
         backend=backend if backend != "unknown" else "cpu",
         host_budget=host.budget_bytes,
@@ -173,6 +175,7 @@ def target_from(
         alloc_block=vulkan.block.value if vulkan is not None else None,
         device_memory=memory,
         device_free=free,
+        device_free_listed=listed,
         kv_split=kv_split,
         binary_version=binary_version,
         neo_filter=dict(device.neo_filter),

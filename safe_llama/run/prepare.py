@@ -24,7 +24,7 @@ from safe_llama.model.kv import KvPlan
 from safe_llama.paths import config_dir, configs_dir
 from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
-from safe_llama.plan.policy import load_policy
+from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target, remote_devices, target_from, with_learned, with_worker_caps
 from safe_llama.units import human
@@ -212,7 +212,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         compute_costs=policy.compute,
         worker_overhead=policy.rpc_worker_overhead,
         pipeline_copies=policy.pipeline_copies,
-        device_runtime=int(policy.per_backend(policy.device_runtime, target.backend) or 0),
+        device_runtime=_runtime(policy, target),
         device_cap=options.device_cap,
     )
     ngl = req.n_gpu_layers
@@ -238,6 +238,14 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     return replace(prepared, target=target, plan=decided, error=error)
 
 
+def _runtime(policy: Policy, target: Target) -> int:
+    """What the backend's runtime will take on the device, less what a listing's free figure already lacks."""
+    runtime = int(policy.per_backend(policy.device_runtime, target.backend) or 0)
+    if target.device_free_listed:
+        runtime -= int(policy.per_backend(policy.device_context, target.backend) or 0)
+    return max(runtime, 0)
+
+
 def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, str | None]:
     """The GPU's free memory read again after a failed start (another program may hold more now), and a line
     saying so when it moved."""
@@ -246,14 +254,15 @@ def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, st
     before = prepared.target.device_free
     if before is None or prepared.device is None:
         return prepared, None
-    now = read_again(prepared.device, prepared.binary, env)
-    if now is None:
+    again = read_again(prepared.device, prepared.binary, env)
+    if again is None:
         return prepared, None
+    now, listed = again
     said = None
     if abs(now.value - before.value) > before.value // 100:
         name = prepared.target.device or "the GPU"
         said = f"{name}: {human(now.value)} free now, {human(before.value)} when planned: planning with it"
-    return replace(prepared, target=replace(prepared.target, device_free=now)), said
+    return replace(prepared, target=replace(prepared.target, device_free=now, device_free_listed=listed)), said
 
 
 def final_argv(prepared: Prepared) -> list[str]:

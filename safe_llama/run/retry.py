@@ -117,7 +117,8 @@ def _on_device(buffer: str | None, device: str | None) -> bool:
 def _what_failed(failure: Failure, attempt: Attempt) -> str:
     named = {"kv": "the KV cache", "compute": "the compute buffers", "thread": "a thread's stack"}
     thing = named.get(failure.stage or "", "the start")
-    return f"{thing} did not fit with {human(attempt.kv_bytes)} of KV"
+    where = f" on {attempt.device}" if _on_device(failure.buffer, attempt.device) else ""
+    return f"{thing} did not fit{where} with {human(attempt.kv_bytes)} of KV"
 
 
 def worker_cap(planned_bytes: int, cap_before: int | None) -> int:
