@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
-from safe_llama.device.proc import run_capture
+from safe_llama.device.proc import run_module
 from safe_llama.errors import SafeLlamaError
 
 if TYPE_CHECKING:
@@ -274,11 +274,8 @@ def report_from_dict(data: Mapping[str, Any]) -> OpenCLReport:
 def probe_opencl_isolated(env: Mapping[str, str] = os.environ, *, timeout: float = 60.0) -> OpenCLReport:
     """probe_opencl in a child Python. A broken driver that crashes or hangs cannot take safe-llama with
     it, and the ICDs read `env` (pocl reads POCL_MEMORY_LIMIT when it loads, NEO its debug keys)."""
-    package_root = str(Path(__file__).resolve().parent.parent)
-    child_env = env_scan.whole(env)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
-        captured = run_capture([sys.executable, "-m", "safe_llama.device.probe_opencl"], env=child_env, timeout=timeout)
+        captured = run_module("safe_llama.device.probe_opencl", env_scan.whole(env), timeout=timeout)
     except SafeLlamaError as err:
         return OpenCLReport(devices=(), status="error", note=f"could not start the OpenCL probe: {err}")
     if captured.timed_out:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
-from safe_llama.device.proc import run_capture
+from safe_llama.device.proc import run_module
 from safe_llama.errors import SafeLlamaError
 
 if TYPE_CHECKING:
@@ -250,11 +250,8 @@ def report_from_dict(data: Mapping[str, Any]) -> VulkanReport:
 def probe_vulkan_isolated(env: Mapping[str, str] = os.environ, *, timeout: float = 60.0) -> VulkanReport:
     """probe_vulkan in a child Python: a broken driver that crashes or hangs cannot take safe-llama with it,
     and the loader reads `env` (VK_DRIVER_FILES and the drivers' own switches)."""
-    package_root = str(Path(__file__).resolve().parent.parent)
-    child_env = env_scan.whole(env)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
-        captured = run_capture([sys.executable, "-m", "safe_llama.device.probe_vulkan"], env=child_env, timeout=timeout)
+        captured = run_module("safe_llama.device.probe_vulkan", env_scan.whole(env), timeout=timeout)
     except SafeLlamaError as err:
         return VulkanReport((), "error", f"could not start the Vulkan probe: {err}")
     if captured.timed_out:

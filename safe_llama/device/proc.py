@@ -80,3 +80,15 @@ def _kill_group(pid: int) -> None:
     # The group may already be gone; that is the outcome we wanted.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def run_module(module: str, env: Mapping[str, str], *, timeout: float) -> Captured:
+    """`python -m MODULE` of this package in a child (a probe whose driver may crash or hang), with `env` as
+    its whole environment and this package importable whatever PYTHONPATH says."""
+    import sys
+    from pathlib import Path
+
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    child_env = dict(env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return run_capture([sys.executable, "-m", module], env=child_env, timeout=timeout)
