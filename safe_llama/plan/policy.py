@@ -51,6 +51,8 @@ class Policy:
     cpu_repack_types: frozenset[str] = frozenset()
     rpc_worker_overhead: int = 0  # what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # the graph inputs' copies when llama.cpp pipelines layers over several devices
+    supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
+    oom_after_ready_kv_share: float = 0.875  # the KV share remembered after an OOM kill of a ready server
 
     @property
     def failed_alloc_share(self) -> Fraction:
@@ -174,4 +176,6 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         cpu_repack_types=field("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),
         rpc_worker_overhead=field("rpc_worker_overhead_bytes", int, 0),
         pipeline_copies=field("pipeline_copies", int, 1),
+        supervisor_bytes=field("supervisor_bytes", int, 0),
+        oom_after_ready_kv_share=field("oom_after_ready_kv_share", _share, 0.875),
     )

@@ -112,10 +112,11 @@ def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Ma
     from safe_llama.run import remember
 
     assert prepared.plan is not None
-    record = remember.Remembered(
-        kv_bytes=prepared.plan.kv.total_bytes,
-        learned_max_alloc=options.learned_max_alloc,
-        budget_bytes=prepared.target.host_budget.value,
+    record = remember.after_ready(
+        remember.recall(digest, env),
+        prepared.plan.kv.total_bytes,
+        options.learned_max_alloc,
+        prepared.target.host_budget.value,
     )
     try:
         remember.store(digest, record, env)
