@@ -3,7 +3,7 @@ keeps charged right after /health (weights' page cache aside: the KV, written at
 more) is less than what it needs once a request fills the context (the compute buffer's attention mask
 and activations are touched only then). This benchmark measures both truths next to safe-llama's choice:
 
-    python3 benchmarks/bench_cgroup_fill.py [--rows llama:200,bundled:250] [--probes N]
+    python3 benchmarks/bench_cgroup_fill.py [--rows llama:200,bundled:250,wide:256] [--probes N]
 
 For each row (model:limit in MiB): safe-llama's plan under the limit and whether `safe-llama server` starts on
 the first spawn; the largest -c that reaches /health with the plan's argv (bisection, as bench_host_limits);
@@ -61,9 +61,23 @@ def largest_that_serves(
     bin_dir: Path, argv: list[str], env: dict[str, str], limit: Limit, lo: int, hi: int, probes: int
 ) -> tuple[int, int, bool]:
     """(largest -c known to serve, probes used, whether lo itself served), bisecting [lo, hi) on 256 cells."""
+    used = 1
     if not serves_full_context(bin_dir, argv, env, limit, lo):
-        return 0, 1, False
-    used, a, b = 1, lo // 256, hi // 256
+        # the chosen context itself does not serve: bisect below it, from a quarter of it
+        hi, lo = lo, lo // 4 // 256 * 256
+        used += 1
+        if not serves_full_context(bin_dir, argv, env, limit, lo):
+            return 0, used, False
+        a, b = lo // 256, hi // 256
+        while a + 1 < b and used < probes + 4:
+            mid = (a + b) // 2
+            used += 1
+            if serves_full_context(bin_dir, argv, env, limit, mid * 256):
+                a = mid
+            else:
+                b = mid
+        return a * 256, used, False
+    a, b = lo // 256, hi // 256
     while a + 1 < b and used < probes:
         mid = (a + b) // 2
         used += 1
@@ -85,6 +99,9 @@ def main() -> int:
         "bundled": bundled_model_path(),
         "llama": write_tiny_gguf(work / "llama.gguf", arch="llama", n_layer=4, n_head=8, n_head_kv=4, head_dim=64,
                                  n_ff=1024, n_ctx_train=1 << 20, name="small-llama"),
+        # 16 KiB of f16 KV per cell on tiny weights: the context is nearly all of the charge
+        "wide": write_tiny_gguf(work / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
+                                n_ff=128, n_ctx_train=1 << 20, name="wide-kv"),
     }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     env |= {"SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(work), "PYTHONPATH": str(ROOT)}
@@ -102,7 +119,8 @@ def main() -> int:
         chosen = int(argv[argv.index("-c") + 1])
         starts, _ = largest_that_starts(bin_dir, argv, run_env, limit, chosen, 8)
         serves, _, chosen_served = largest_that_serves(bin_dir, argv, run_env, limit, chosen, starts + 256, opts.probes)
-        serve_cell = f"{serves} (bisected in [{chosen}, {starts}])" if chosen_served else f"below {chosen}"
+        where = f"[{chosen}, {starts}]" if chosen_served else f"[{chosen // 4 // 256 * 256}, {chosen}]"
+        serve_cell = f"{serves} (bisected in {where})"
         ratio_serves = f"{chosen / serves:.3f}" if serves else "-"
         print(f"| {limit.label} | {key} | {chosen} | {'yes' if first else 'NO'} | {starts} | {serve_cell} "
               f"| {chosen / starts:.3f} | {ratio_serves} |", flush=True)  # fmt: skip

@@ -353,7 +353,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             what += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
             margin = _margin_words(fraction).strip()
             subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
-            subject += ("weights, " if weights else "") + "KV, compute)"
+            subject += ("weights, " if weights else "") + "KV, compute"
+            subject += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
         out.append(
             Allocation(
                 what,
