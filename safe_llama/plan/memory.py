@@ -342,8 +342,12 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.process_per_cell * kv.context.n_ctx
             if limit.kind == "cgroup":
-                # safe-llama's supervisor shares the group and grows past what was charged when it probed
+                # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
+                # group and grows past what was charged when it probed), what a request that fills the context
+                # adds to the server, and what the server grows into while it serves
                 overhead += policy.supervisor_bytes + in_use
+                if settings.kv.tool == "server":
+                    overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

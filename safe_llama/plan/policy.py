@@ -26,6 +26,7 @@ class ComputeCosts:
     activation_bytes_per_embd: int
     activation_bytes_per_ff: int
     host_inputs_bytes: int
+    activation_bytes_per_attention: int = 0  # per element of one token's Q, K, V and attention output rows
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Policy:
     rpc_worker_overhead: int = 0  # what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # the graph inputs' copies when llama.cpp pipelines layers over several devices
     supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
+    request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
+    request_bytes_per_cell: int = 0  # ... and per context cell
     oom_after_ready_kv_share: float = 0.875  # the KV share remembered after an OOM kill of a ready server
 
     @property
@@ -168,7 +171,10 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         compute=field(
             "compute",
             lambda t: ComputeCosts(
-                int(t["activation_bytes_per_embd"]), int(t["activation_bytes_per_ff"]), int(t["host_inputs_bytes"])
+                int(t["activation_bytes_per_embd"]),
+                int(t["activation_bytes_per_ff"]),
+                int(t["host_inputs_bytes"]),
+                int(t.get("activation_bytes_per_attention", 0)),
             ),
         ),
         process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
@@ -177,5 +183,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         rpc_worker_overhead=field("rpc_worker_overhead_bytes", int, 0),
         pipeline_copies=field("pipeline_copies", int, 1),
         supervisor_bytes=field("supervisor_bytes", int, 0),
+        request_bytes=field("request_bytes", int, 0),
+        request_bytes_per_cell=field("request_bytes_per_cell", int, 0),
         oom_after_ready_kv_share=field("oom_after_ready_kv_share", _share, 0.875),
     )
