@@ -113,7 +113,10 @@ def run(
             # the plan would ask for more than what last started here: start from what worked
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
             prepared = replan(prepared, plan_options, env)
-            say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
+            if known.after_oom:
+                say(f"at most {human(known.kv_bytes)} of KV: a larger plan was killed for lack of memory once ready")
+            else:
+                say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
             recalled = True
     attempt = 0
     last_kv: tuple[int, int] | None = None
