@@ -8,8 +8,10 @@ and activations are touched only then). This benchmark measures both truths next
 For each row (model:limit in MiB): safe-llama's plan under the limit and whether `safe-llama server` starts on
 the first spawn; the largest -c that reaches /health with the plan's argv (bisection, as bench_host_limits);
 and the largest -c that then answers one request whose prompt fills the context (token ids, n_predict 2)
-without being OOM-killed (bisection between the plan's context and the largest that starts, each probe
-a full prompt: minutes on a 2-core machine). Needs root (a child of the cgroup v1 memory tree, or v2 with
+without being OOM-killed, with the plan's argv and safe-llama's supervisor in the group (`safe-llama
+--no-predict server ARGV` runs the argv as given; --bare: llama-server alone), bisected between the plan's
+context and the largest that starts (below the plan's when it does not serve), each probe a full prompt:
+minutes on a 2-core machine. Needs root (a child of the cgroup v1 memory tree, or v2 with
 the memory controller); every cgroup it makes is removed.
 """
 
@@ -18,9 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,20 +34,47 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_host_limits import (  # noqa: E402
     MIB,
     Limit,
+    Running,
+    confined,
     largest_that_starts,
     plan_and_launch,
     server_under,
+    stop,
+    wait_ready,
 )
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
+from tests.llama_run import free_port  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
+@contextmanager
+def supervised_under(argv: list[str], env: dict[str, str], limit: Limit) -> Iterator[Running]:
+    """`safe-llama --no-predict server ARGV` under the limit: llama-server with exactly this argv, and safe-llama's
+    supervisor beside it in the group, as in a unit or a container."""
+    with confined(limit) as enter:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "safe_llama", "--no-predict", "server", *argv, "--port", str(port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=enter,
+        )  # fmt: skip
+        running = Running(proc, port, wait_ready(proc, port, 90))
+        try:
+            yield running
+        finally:
+            running.log = stop(proc)
+
+
+SUPERVISED = True  # main() sets it from --bare
+
+
 def serves_full_context(bin_dir: Path, argv: list[str], env: dict[str, str], limit: Limit, ctx: int) -> bool:
-    """llama-server at -c ctx under the limit starts and answers a prompt of ctx - 16 tokens."""
+    """llama-server at -c ctx under the limit (with safe-llama's supervisor in the group unless --bare) starts and
+    answers a prompt of ctx - 16 tokens."""
     trial = list(argv)
     trial[trial.index("-c") + 1] = str(ctx)
-    with server_under(bin_dir, trial, env, limit) as running:
+    runner = supervised_under(trial, env, limit) if SUPERVISED else server_under(bin_dir, trial, env, limit)
+    with runner as running:
         if not running.ready:
             return False
         # token ids past the byte tokens of either model's vocabulary: one cell each
@@ -92,7 +124,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="llama:200,bundled:250")
     parser.add_argument("--probes", type=int, default=4, help="full-context probes per row")
+    parser.add_argument("--bare", action="store_true", help="probe llama-server alone (no supervisor in the group)")
     opts = parser.parse_args()
+    global SUPERVISED
+    SUPERVISED = not opts.bare
     bin_dir = pinned_bin_dir("cpu")
     work = Path(tempfile.mkdtemp())
     models = {

@@ -96,7 +96,7 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     # the limit lowered under it: a kill, then Restart= brings it back with a plan that fits the new limit
     assert int(got["restarts"]) >= 1 and got["state_after_restart"] == "active"
     assert int(got["memory_max_after"]) == MEMORY_MAX_AFTER
-    assert got["after_restart_status"] == "200"
     assert int(got["after_restart_n_ctx"]) < int(got["first_n_ctx"])
+    assert any("killed for lack of memory after it was ready" in line for line in plan_lines), plan_lines
     # SIGTERM (systemctl stop): a clean stop
     assert got["result"] == "success", got
