@@ -275,12 +275,12 @@ def main() -> int:
 
 
 def _ctx_from(lines: list[str]) -> int | None:
-    """The -c safe-llama chose, from its own lines ("-c N")."""
+    """The -c safe-llama chose, from its own line ("... : -c N, the largest that fits")."""
     for line in lines:
-        words = line.replace(",", " ").split()
-        for i, word in enumerate(words[:-1]):
-            if word == "-c" and words[i + 1].isdigit():
-                return int(words[i + 1])
+        if ": -c " in line:
+            number = line.rsplit(": -c ", 1)[1].split(",")[0].split()[0]
+            if number.isdigit():
+                return int(number)
     return None
 
 

@@ -346,8 +346,9 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 # group and grows past what was charged when it probed), what a request that fills the context
                 # adds to the server, and what the server grows into while it serves
                 overhead += policy.supervisor_bytes + in_use
-                if settings.kv.tool == "server":
-                    overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
+                if settings.kv.tool == "server":  # every slot may hold a request at once; their tokens share n_ctx
+                    overhead += policy.request_bytes * max(kv.context.n_seq_max, 1)
+                    overhead += policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

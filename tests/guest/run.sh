@@ -14,7 +14,7 @@ cg=/sys/fs/cgroup/system.slice/$unit.service
 
 t0=$(now)
 python3 -m venv /opt/safe-llama/venv
-/opt/safe-llama/venv/bin/pip install -q --no-index --find-links $P/wheels safe-llama || { say install=failed; exit 1; }
+/opt/safe-llama/venv/bin/pip install -q --no-compile --no-index --find-links $P/wheels safe-llama || { say install=failed; exit 1; }
 for t in safe-llama safe-llama-cli safe-llama-server safe-llama-completion; do
   ln -sf /opt/safe-llama/venv/bin/$t /usr/local/bin/$t
 done
