@@ -1,5 +1,5 @@
 """In the guest: one request whose prompt fills llama-server's context (its /props n_ctx), on loopback; prints
-GUEST lines with what happened. Exit 0: answered 200. A third argument "props": only its n_ctx."""
+GUEST lines with what happened. Exit 0: answered 200. A third argument "props": only its n_ctx; "short": a 64-token prompt."""
 
 import json
 import sys
@@ -23,7 +23,8 @@ n_ctx = int(props["default_generation_settings"]["n_ctx"])
 print(f"GUEST {label}_n_ctx={n_ctx}", flush=True)
 if sys.argv[3:] == ["props"]:  # only what the server planned
     sys.exit(0)
-prompt = [300 + i % 25 for i in range(n_ctx - 16)]  # token ids past the byte tokens: one cell each
+length = 64 if sys.argv[3:] == ["short"] else n_ctx - 16
+prompt = [300 + i % 25 for i in range(length)]  # token ids past the byte tokens: one cell each
 body = json.dumps({"prompt": prompt, "n_predict": 2, "cache_prompt": False}).encode()
 started = time.monotonic()
 request = urllib.request.Request(f"{base}/completion", body, {"Content-Type": "application/json"})  # noqa: S310
