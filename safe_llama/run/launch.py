@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
-from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher
+from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher, remember_kill
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
@@ -181,7 +181,7 @@ def run(
             if outcome.ready:
                 notifier.stopping()
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
-            _remember_kill(prepared, digest, plan_options, outcome.killed_for_memory, env, say)
+            remember_kill(prepared, digest, plan_options, outcome.killed_for_memory, env, say)
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure
@@ -218,32 +218,6 @@ def run(
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
         prepared = replan(prepared, plan_options, env)
         stepped = _cap_binds(prepared, plan_options, env)
-
-
-def _remember_kill(
-    prepared: Prepared, digest: str | None, options: PlanOptions, evidence: str, env: Mapping[str, str], say: Say
-) -> None:
-    """A ready llama.cpp was killed for lack of memory (a request touched more than the plan held): the next
-    start with the same key plans a KV below it (policy: oom_after_ready_kv_share), so a service manager's
-    restart does not meet the same kill at the next long request."""
-    from safe_llama.paths import config_dir, configs_dir
-    from safe_llama.plan.policy import load_policy
-    from safe_llama.run import remember
-
-    assert prepared.plan is not None
-    kv = prepared.plan.kv.total_bytes
-    where = f"llama.cpp was killed for lack of memory after it was ready ({evidence}) with {human(kv)} of KV"
-    if digest is None:
-        say(f"{where}; not remembered (remembering is off)", "error")
-        return
-    share = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml").oom_after_ready_kv_share
-    record = remember.after_kill(kv, share, options.learned_max_alloc, prepared.target.host_budget.value)
-    try:
-        remember.store(digest, record, env)
-    except OSError as err:
-        say(f"{where}; could not remember it: {err.strerror}", "error")
-        return
-    say(f"{where}; the next start plans at most {human(record.kv_bytes)} of KV", "error")
 
 
 WORKER_WAIT = 30.0  # seconds a worker that stopped may take to answer again (systemd restarts it in 0.1 s)

@@ -1,5 +1,6 @@
 """In the guest: one request whose prompt fills llama-server's context (its /props n_ctx), on loopback; prints
-GUEST lines with what happened. Exit 0: answered 200. A third argument "props": only its n_ctx; "short": a 64-token prompt."""
+GUEST lines with what happened. Exit 0: answered 200. A third argument "props": only its n_ctx; "short": a
+64-token prompt."""
 
 import json
 import sys
