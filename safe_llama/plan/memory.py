@@ -308,7 +308,9 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
     draft = layout.draft.facts if layout.draft else None
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", *_GROWS_IN_USE))
     # what llama-server grows into while it serves: counted in a cgroup's charge once its size is set
-    in_use = (host.get("prompt_cache", 0) if layout.prompt_cache_set else 0) + (
+    # the prompt cache is charged beyond its -cram (policy: prompt_cache_charge)
+    cache = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
+    in_use = (cache if layout.prompt_cache_set else 0) + (
         host.get("checkpoints", 0) if layout.ctx_checkpoints_set else 0
     )
     if target.on_gpu and target.integrated:
@@ -346,9 +348,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 # group and grows past what was charged when it probed), what a request that fills the context
                 # adds to the server, and what the server grows into while it serves
                 overhead += policy.supervisor_bytes + in_use
-                if settings.kv.tool == "server":  # every slot may hold a request at once; their tokens share n_ctx
-                    overhead += policy.request_bytes * max(kv.context.n_seq_max, 1)
-                    overhead += policy.request_bytes_per_cell * kv.context.n_ctx
+                if settings.kv.tool == "server":
+                    overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

@@ -317,6 +317,7 @@ def _serving_step(
         user_ctx_checkpoints=layout.ctx_checkpoints if layout.ctx_checkpoints_set else None,
         default_cache_ram_mib=DEFAULT_CACHE_RAM_MIB,
         default_ctx_checkpoints=DEFAULT_CTX_CHECKPOINTS,
+        cache_charge=policy.prompt_cache_charge,
     )
     if not chosen.reason:
         return None

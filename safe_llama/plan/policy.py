@@ -55,6 +55,7 @@ class Policy:
     supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
     request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
     request_bytes_per_cell: int = 0  # ... and per context cell
+    prompt_cache_charge: float = 1.0  # what a cgroup is charged per byte of llama-server's --cache-ram
     oom_after_ready_kv_share: float = 0.875  # the KV share remembered after an OOM kill of a ready server
 
     @property
@@ -185,5 +186,6 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         supervisor_bytes=field("supervisor_bytes", int, 0),
         request_bytes=field("request_bytes", int, 0),
         request_bytes_per_cell=field("request_bytes_per_cell", int, 0),
+        prompt_cache_charge=field("prompt_cache_charge", float, 1.0),
         oom_after_ready_kv_share=field("oom_after_ready_kv_share", _share, 0.875),
     )

@@ -49,11 +49,13 @@ def size_serving(
     user_ctx_checkpoints: int | None,
     default_cache_ram_mib: int,
     default_ctx_checkpoints: int,
+    cache_charge: float = 1.0,
 ) -> Serving:
     """The values that fit in `leftover` bytes (what the cgroup's limit, less its margin, leaves once the plan's
     process, KV and compute are charged): the checkpoints first (up to llama.cpp's default; they spare a
     sliding-window or recurrent model whole prompt re-evaluations), then the prompt cache in whole MiB (up to
-    llama.cpp's default). A value the user gave is kept (the planner counted it already)."""
+    llama.cpp's default), each MiB of it charged `cache_charge` MiB. A value the user gave is kept (the planner
+    counted it already)."""
     room = max(leftover, 0)
     words = []
     checkpoints = None
@@ -67,7 +69,7 @@ def size_serving(
         )
     cache = None
     if user_cache_ram_mib is None:
-        cache = min(default_cache_ram_mib, room // MIB)
+        cache = min(default_cache_ram_mib, int(room / max(cache_charge, 1.0)) // MIB)
         words.append(
             f"--cache-ram {cache}"
             + (" (the prompt cache off)" if cache == 0 else "")

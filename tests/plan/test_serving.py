@@ -62,6 +62,12 @@ def test_a_checkpoint_is_the_slots_window(swa: ModelFacts) -> None:
     assert 0 < checkpoint_bytes(swa, kv) < window.total_bytes
 
 
+def test_the_cache_is_sized_by_its_charge() -> None:
+    chosen = size_serving(100 * MIB, 4, 0, user_cache_ram_mib=None, user_ctx_checkpoints=None,
+                          default_cache_ram_mib=8192, default_ctx_checkpoints=32, cache_charge=2.0)  # fmt: skip
+    assert chosen.cache_ram_mib == 50
+
+
 @pytest.mark.parametrize(
     ("leftover", "one", "user_cram", "user_ckpt", "cram", "ckpt"),
     [
@@ -92,7 +98,8 @@ def test_the_plan_sets_both_under_a_cgroup_and_stays_under_it(swa: ModelFacts, p
     assert any(step.name == "serving" for step in decided.steps)
     (cgroup,) = [a for a in decided.allocations if a.host_kind == "cgroup"]
     assert "prompt cache and checkpoints" in cgroup.name and cgroup.fits
-    assert cgroup.limit - cgroup.bytes < MIB  # what was left went to the cache, to the MiB
+    # what was left went to the cache, to the MiB of cache (charged policy.prompt_cache_charge MiB each)
+    assert cgroup.limit - cgroup.bytes < MIB * policy.prompt_cache_charge
     host = memory_by_place(swa, decided.settings, _cgroup(512))["host"]
     assert host["prompt_cache"] == int(str(changes["--cache-ram"])) * MIB
 
