@@ -309,8 +309,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", *_GROWS_IN_USE))
     # what llama-server grows into while it serves: counted in a cgroup's charge once its size is set
     # the prompt cache is charged beyond its -cram (policy: prompt_cache_charge)
-    cache = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
-    in_use = (cache if layout.prompt_cache_set else 0) + (
+    cache_charged = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
+    in_use = (cache_charged if layout.prompt_cache_set else 0) + (
         host.get("checkpoints", 0) if layout.ctx_checkpoints_set else 0
     )
     if target.on_gpu and target.integrated:
