@@ -102,5 +102,6 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     assert int(got["memory_max_after"]) == MEMORY_MAX_AFTER
     assert int(got["after_restart_n_ctx"]) < int(got["first_n_ctx"])
     assert any("killed for lack of memory after it was ready" in line for line in plan_lines), plan_lines
+    assert not any("is not usable" in line for line in plan_lines), plan_lines  # the cache (remembered plans)
     # SIGTERM (systemctl stop): a clean stop
     assert got["result"] == "success", got
