@@ -21,7 +21,6 @@ from tests.tiny_gguf import write_tiny_gguf
 
 MIB = 1 << 20
 MEMORY_MAX = 256 * MIB
-MEMORY_MAX_AFTER = 160 * MIB  # the limit lowered under the running server: a real OOM kill, then Restart=
 GUEST_LIMIT_S = 2400
 # a prompt that fills the 12k-cell context did not finish in 16 min under TCG on the 2-core machine here: CI sends a
 # short one (the full-context request is tests/run/test_cgroup_real.py's, on the host); FILL=full to try it
@@ -57,7 +56,7 @@ def _payload(folder: Path) -> None:
     # the guest's pinned build is where the README's system-wide install puts it (/opt/safe-llama/...)
     system_bin = pinned_bin_dirs("cpu", {})[1][1]
     (folder / "payload.env").write_text(
-        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\nMEMORY_MAX_AFTER={MEMORY_MAX_AFTER}\n"
+        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\n"
         f"FILL={FILL}\n"
     )
 
@@ -97,9 +96,11 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     assert got["first_status"] == "200" and int(got["first_n_ctx"]) > 4096
     assert got["oom_kills_after_fill"] == "0"
     assert int(got["peak_after_fill"]) <= MEMORY_MAX
-    # the limit lowered under it: a kill, then Restart= brings it back with a plan that fits the new limit
+    # the limit lowered to just above what it holds, a long prompt: the kernel's OOM killer ends llama-server,
+    # safe-llama remembers it and leaves; Restart= brings it back with a plan that fits the lowered limit
+    assert got["squeezed_status"] == "0"
     assert int(got["restarts"]) >= 1 and got["state_after_restart"] == "active"
-    assert int(got["memory_max_after"]) == MEMORY_MAX_AFTER
+    assert int(got["memory_max_after"]) < MEMORY_MAX
     assert int(got["after_restart_n_ctx"]) < int(got["first_n_ctx"])
     assert any("killed for lack of memory after it was ready" in line for line in plan_lines), plan_lines
     assert not any("is not usable" in line for line in plan_lines), plan_lines  # the cache (remembered plans)
