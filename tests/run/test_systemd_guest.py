@@ -56,8 +56,7 @@ def _payload(folder: Path) -> None:
     # the guest's pinned build is where the README's system-wide install puts it (/opt/safe-llama/...)
     system_bin = pinned_bin_dirs("cpu", {})[1][1]
     (folder / "payload.env").write_text(
-        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\n"
-        f"FILL={FILL}\n"
+        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\nFILL={FILL}\n"
     )
 
 
