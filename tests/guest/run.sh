@@ -6,7 +6,7 @@
 # for tests/run/test_systemd_guest.py. Every wait is bounded.
 set -u
 P=/payload
-. $P/payload.env   # BIN_DIR MODEL_NAME MEMORY_MAX FILL
+. $P/payload.env   # BIN_DIR MODEL_NAME MEMORY_MAX MEMORY_MAX_AFTER
 say() { echo "GUEST $*"; }
 now() { cut -d' ' -f1 /proc/uptime; }
 unit=safe-llama-server
@@ -48,13 +48,9 @@ say fill_rc=$?
 say peak_after_fill=$(cat $cg/memory.peak 2>/dev/null || echo none)
 say oom_kills_after_fill=$(sed -n 's/^oom_kill //p' $cg/memory.events)
 
-# 3. a kill for lack of memory once ready: the limit lowered to 4 MiB above what the server holds, then a prompt
-# that fills the context (its first ubatch touches more of the compute buffer than that: the kernel's OOM killer
-# ends llama-server, not the supervisor); then Restart=. (Lowering the limit below what the group holds makes the
-# kernel kill task after task until it fits, the supervisor included: not a case safe-llama can see.)
-squeezed=$(( $(cat $cg/memory.current) + 4194304 ))
-systemctl set-property --runtime $unit MemoryMax="$squeezed"
-python3 $P/fill.py 8080 squeezed; say squeezed_fill_rc=$?
+# 3. a kill for lack of memory (the limit lowered under the running server: the kernel's OOM killer, which may end
+# the supervisor as well as llama-server while the group is above the new limit), then Restart=
+systemctl set-property --runtime $unit MemoryMax="$MEMORY_MAX_AFTER"
 for i in $(seq 1 600); do
   [ "$(systemctl show -P NRestarts $unit)" -ge 1 ] && [ "$(systemctl show -P ActiveState $unit)" = active ] && break
   sleep 1

@@ -21,6 +21,7 @@ from tests.tiny_gguf import write_tiny_gguf
 
 MIB = 1 << 20
 MEMORY_MAX = 256 * MIB
+MEMORY_MAX_AFTER = 160 * MIB  # the limit lowered under the running server: a real OOM kill, then Restart=
 GUEST_LIMIT_S = 2400
 # a prompt that fills the 12k-cell context did not finish in 16 min under TCG on the 2-core machine here: CI sends a
 # short one (the full-context request is tests/run/test_cgroup_real.py's, on the host); FILL=full to try it
@@ -56,7 +57,8 @@ def _payload(folder: Path) -> None:
     # the guest's pinned build is where the README's system-wide install puts it (/opt/safe-llama/...)
     system_bin = pinned_bin_dirs("cpu", {})[1][1]
     (folder / "payload.env").write_text(
-        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\nFILL={FILL}\n"
+        f"BIN_DIR={system_bin}\nMODEL_NAME=wide.gguf\nMEMORY_MAX={MEMORY_MAX}\nMEMORY_MAX_AFTER={MEMORY_MAX_AFTER}\n"
+        f"FILL={FILL}\n"
     )
 
 
@@ -95,13 +97,14 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     assert got["first_status"] == "200" and int(got["first_n_ctx"]) > 4096
     assert got["oom_kills_after_fill"] == "0"
     assert int(got["peak_after_fill"]) <= MEMORY_MAX
-    # the limit lowered to just above what it holds, a long prompt: the kernel's OOM killer ends llama-server,
-    # safe-llama remembers it and leaves; Restart= brings it back with a plan that fits the lowered limit
-    assert got["squeezed_status"] == "0"
+    # the limit lowered under it: a kill, then Restart= brings it back with a plan that fits the new limit
     assert int(got["restarts"]) >= 1 and got["state_after_restart"] == "active"
-    assert int(got["memory_max_after"]) < MEMORY_MAX
+    assert int(got["memory_max_after"]) == MEMORY_MAX_AFTER
     assert int(got["after_restart_n_ctx"]) < int(got["first_n_ctx"])
-    assert any("killed for lack of memory after it was ready" in line for line in plan_lines), plan_lines
+    # Not asserted here: safe-llama remembering the kill. Lowering MemoryMax= below what the group holds makes
+    # the kernel kill task after task until it fits, the supervisor included (seen: "Main process exited,
+    # code=killed"); a kill during a request instead (the limit 4 MiB above the group, then a 12k-cell prompt)
+    # did not come within 9 min under TCG. tests/run/test_cgroup_real.py shows the remembering on this host.
     assert not any("is not usable" in line for line in plan_lines), plan_lines  # the cache (remembered plans)
     # SIGTERM (systemctl stop): a clean stop
     assert got["result"] == "success", got
