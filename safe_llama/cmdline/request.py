@@ -18,6 +18,7 @@ from safe_llama.model.cache_types import CACHE_TYPES
 from safe_llama.model.kv import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, KvRequest
 
 DEFAULT_CACHE_RAM_MIB = 8192  # common.h cache_ram_mib: llama-server's prompt cache, host RAM
+DEFAULT_CTX_CHECKPOINTS = 32  # common.h n_ctx_checkpoints: per slot, host RAM
 EXPERT_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # LLM_FFN_EXPS_REGEX (common/common.h)
 
 
@@ -66,6 +67,8 @@ class Request:
     mmproj: str | None = None  # -mm
     mmproj_offload: bool = True
     cache_ram_mib: int = 0  # llama-server / llama-cli prompt cache (host RAM); 0: none
+    cache_ram_set: bool = False  # -cram / LLAMA_ARG_CACHE_RAM given: the user's value, never replaced
+    ctx_checkpoints: int | None = None  # -ctxcp / LLAMA_ARG_CTX_CHECKPOINTS; None: not given (llama.cpp's 32)
     draft: DraftRequest | None = None
 
 
@@ -190,6 +193,8 @@ def to_request(cmd: CommandLine) -> Request:
         mmproj=_str(cmd, "--mmproj"),
         mmproj_offload=cmd.value("--mmproj-offload") is not False,
         cache_ram_mib=(DEFAULT_CACHE_RAM_MIB if cache_ram is None else cache_ram) if cmd.tool == "server" else 0,
+        cache_ram_set=cache_ram is not None,
+        ctx_checkpoints=_int(cmd, "--ctx-checkpoints", "-ctxcp"),
         draft=draft,
     )
 

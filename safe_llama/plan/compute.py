@@ -28,7 +28,8 @@ def compute_estimate(
     `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
 
     - activations of one ubatch: n_ubatch x (a n_embd + b n_ff) bytes, a and b from [compute] in
-      configs/planner.toml (`costs`; None: the packaged file's);
+      configs/planner.toml (`costs`; None: the packaged file's); where attention is wider than that (its Q, K,
+      V and output rows, c bytes per element of each), n_ubatch x (c attention width + a n_embd);
     - the logits of the outputs one ubatch may hold, n_vocab x n_outputs x 4 bytes: llama-cli and
       llama-completion leave n_outputs_max at 0 (= n_batch), so n_outputs = n_ubatch; llama-server sets it to
       one per slot (tools/server/server-context.cpp server_output_limits). The bundled model's 262,144-token
@@ -54,6 +55,19 @@ def compute_estimate(
     n_ff = max(facts.feed_forward_length, n_embd, expert_ff)
     n_head = max(facts.head_count, default=1)
     per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
+    # attention wider than the embedding (many or large heads): its Q, K, V and output rows are what is live
+    attention = max(
+        (
+            h * k + layer.n_embd_k_gqa + layer.n_embd_v_gqa + h * v
+            for h, k, v, layer in zip(
+                facts.head_count, facts.key_length, facts.value_length, facts.layers, strict=False
+            )
+        ),
+        default=0,
+    )
+    per_token = max(
+        per_token, costs.activation_bytes_per_attention * attention + costs.activation_bytes_per_embd * n_embd
+    )
     n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
     mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
     tool = req.tool if req is not None else "server"

@@ -14,6 +14,7 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.policy import Policy
+from safe_llama.plan.serving import checkpoint_bytes
 from safe_llama.plan.split import (
     Override,
     balanced_split,
@@ -41,6 +42,7 @@ class Allocation:
     subject: str = ""
     limit_words: str = ""
     n_ctx: int = 0  # the context the bytes were computed at
+    host_kind: str = ""  # a host limit's kind (device.host_budget.HOST_LIMIT_KINDS); "" for the others
 
     @property
     def fits(self) -> bool:
@@ -74,6 +76,10 @@ class Layout:
     mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
     mmproj_offload: bool = True
     prompt_cache_mib: int = 0  # -cram: llama-server's prompt cache limit (-1: none but the context)
+    # -cram's value is set (the user's, or the plan's under a cgroup): the cache counts in a cgroup's charge
+    prompt_cache_set: bool = False
+    ctx_checkpoints: int = 0  # -ctxcp: context checkpoints per llama-server slot (llama.cpp's 32 by default)
+    ctx_checkpoints_set: bool = False  # as prompt_cache_set, for -ctxcp
     load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
     draft: Draft | None = None
 
@@ -149,8 +155,9 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
 
     Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
-    host repacked (the CPU backend's copies of repacked weights) and prompt_cache (llama-server's -cram:
-    grows in use up to that limit or one context's worth).
+    host repacked (the CPU backend's copies of repacked weights), prompt_cache (llama-server's -cram: grows
+    in use up to that limit; -1: one context's worth) and checkpoints (llama-server's -ctxcp per slot, for
+    models whose memory cannot be rolled back: sliding-window or recurrent layers).
     """
     layout = settings.layout
     kv = plan_kv(facts, settings.kv)
@@ -233,8 +240,12 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
                 add(place, f"draft_{item}", size)
         add(main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
     if layout.prompt_cache_mib:
-        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else min(layout.prompt_cache_mib * MIB, kv.total_bytes)
+        # tools/server/server-task.cpp server_prompt_cache: a byte limit; its token limit (n_ctx) rises to
+        # what the byte limit holds, so only -1 (no byte limit) bounds it by one context's worth
+        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else layout.prompt_cache_mib * MIB
         add("host", "prompt_cache", limit)
+    if layout.ctx_checkpoints > 0 and settings.kv.tool == "server":
+        add("host", "checkpoints", layout.ctx_checkpoints * max(kv.context.n_seq_max, 1) * checkpoint_bytes(facts, kv))
     return {place: dict(items) for place, items in out.items()}
 
 
@@ -313,7 +324,13 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         )
     host = places.get("host", {})
     draft = layout.draft.facts if layout.draft else None
-    host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", "prompt_cache"))
+    host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", *_GROWS_IN_USE))
+    # what llama-server grows into while it serves: counted in a cgroup's charge once its size is set
+    # the prompt cache is charged beyond its -cram (policy: prompt_cache_charge)
+    cache_charged = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
+    in_use = (cache_charged if layout.prompt_cache_set else 0) + (
+        host.get("checkpoints", 0) if layout.ctx_checkpoints_set else 0
+    )
     if target.on_gpu and target.integrated:
         host_other += sum(v for p, items in places.items() if p != "host" for k, v in items.items() if "compute" in k)
     # weights of layers kept on the host: RAM must hold them to run at speed
@@ -344,15 +361,24 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             overhead = policy.per_backend(policy.process_overhead, target.backend)
             overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.process_per_cell * kv.context.n_ctx
+            if limit.kind == "cgroup":
+                # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
+                # group and grows past what was charged when it probed), what a request that fills the context
+                # adds to the server, and what the server grows into while it serves
+                overhead += policy.supervisor_bytes + in_use
+                if settings.kv.tool == "server":
+                    overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)
             usable = int(budget * (1 - fraction))
             what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
-            what += ("weights, " if weights else "") + "KV, compute estimate)"
+            what += ("weights, " if weights else "") + "KV, compute estimate"
+            what += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
             margin = _margin_words(fraction).strip()
             subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
-            subject += ("weights, " if weights else "") + "KV, compute)"
+            subject += ("weights, " if weights else "") + "KV, compute"
+            subject += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
         out.append(
             Allocation(
                 what,
@@ -362,6 +388,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
                 subject,
                 f"its {human(usable)} usable ({human(budget)} {_origin(limit.budget)}{', ' * bool(margin)}{margin})",
                 n_ctx,
+                limit.kind,
             )
         )
     return tuple(out)
@@ -394,6 +421,9 @@ def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[All
 
 
 _PLAIN = frozenset({"weights", "kv", "compute"})
+
+# llama-server's host memory that grows with use (counted in a cgroup's charge only once its size is set)
+_GROWS_IN_USE = ("prompt_cache", "checkpoints")
 
 
 # load modes (-lm) that read the weights into allocated or locked memory instead of leaving them to the page cache

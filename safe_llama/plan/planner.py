@@ -7,18 +7,19 @@ Owns the choice of settings. Pure: every input is a value (facts, target, policy
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from safe_llama.cmdline.request import EXPERT_REGEX
+from safe_llama.cmdline.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, ctx_unit, plan_kv
 from safe_llama.plan.memory import Allocation, Layout, Settings, allocations, planned_split
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.split import Override, device_names
+from safe_llama.plan.serving import checkpoint_bytes, size_serving
+from safe_llama.plan.split import device_names
 from safe_llama.plan.target import STATEFUL_ENV, Target, atoi
+from safe_llama.plan.weights_off import layers_words, weights_off
 from safe_llama.units import human
 
 _TYPE_ORDER = {
@@ -82,76 +83,6 @@ def largest_ctx(
         else:
             hi = mid - 1
     return lo * unit
-
-
-def layers_words(ngl: int, n_layer: int) -> str:
-    """What -ngl N offloads, as llama.cpp counts it: the output layer first, then the last repeating layers."""
-    if ngl <= 0:
-        return "no layer"
-    if ngl > n_layer:
-        return f"all {n_layer} layers and the output layer"
-    return f"{ngl - 1} of {n_layer} layers and the output layer"
-
-
-def _expert_layers(facts: ModelFacts) -> int:
-    """How many of the first layers hold MoE experts (llama.cpp's -ncmoe counts from layer 0)."""
-    found = [
-        int(name.split(".")[1])
-        for name, _ in facts.tensors
-        if name.startswith("blk.") and re.search(r"^blk\.\d+" + EXPERT_REGEX, name)
-    ]
-    return max(found) + 1 if found else 0
-
-
-def _with_ncmoe(settings: Settings, user: tuple[Override, ...], n: int) -> Settings:
-    # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
-    rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
-    return replace(settings, layout=replace(settings.layout, overrides=rules))
-
-
-def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The smallest n in [lo, hi] with ok(n), for ok false below some n and true from there on."""
-    if not ok(hi):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _weights_off(
-    facts: ModelFacts, settings: Settings, target: Target, policy: Policy
-) -> tuple[Settings, dict[str, str], str]:
-    """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
-    that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
-    n_layer = max(facts.block_count, 1)
-    user = settings.layout.overrides
-    changes: dict[str, str] = {}
-    moved: list[str] = []
-    experts = _expert_layers(facts)
-    if experts:
-        n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy))
-        n = experts if n is None else n
-        if n:
-            settings = _with_ncmoe(settings, user, n)
-            changes["--n-cpu-moe"] = str(n)
-            moved.append(f"-ncmoe {n}: the experts of {n} of {experts} layers in host memory")
-    if not _fits(facts, settings, target, policy):
-        current = n_layer + 1 if settings.n_gpu_layers is None else min(settings.n_gpu_layers, n_layer + 1)
-        fewest_off = _smallest(
-            0, current, lambda off: _fits(facts, replace(settings, n_gpu_layers=current - off), target, policy)
-        )
-        ngl = 0 if fewest_off is None else current - fewest_off
-        settings = replace(settings, n_gpu_layers=ngl)
-        changes["--gpu-layers"] = str(ngl)
-        moved.append(f"-ngl {ngl}, {layers_words(ngl, n_layer)} on the GPU")
-    elif settings.n_gpu_layers is None:
-        settings = replace(settings, n_gpu_layers=n_layer + 1)  # every layer, said explicitly: -fit off
-        changes["--gpu-layers"] = str(n_layer + 1)
-    return settings, changes, " and ".join(moved)
 
 
 def _kv_quant_ok(facts: ModelFacts, type_name: str) -> bool:
@@ -276,7 +207,7 @@ def plan(
             place_ctx = asked_ctx if request.n_ctx not in (None, 0) else probe_ctx
             placed = replace(settings, kv=replace(settings.kv, n_ctx=place_ctx))
             worst = _worst(allocations(facts, placed, target, policy))
-            moved_settings, moved, words = _weights_off(facts, placed, target, policy)
+            moved_settings, moved, words = weights_off(facts, placed, target, policy)
             settings = replace(moved_settings, kv=settings.kv)
             changes.update(moved)
             yours = ""
@@ -362,6 +293,12 @@ def plan(
         taken.append(
             Step("fit-off", f"{what}: the plan already sized it, so llama.cpp's own fitting dry run is skipped")
         )
+    served = _serving_step(facts, settings, target, policy, allocs)
+    if served is not None:
+        settings, serving_step, serving_changes = served
+        changes.update(serving_changes)
+        taken.append(serving_step)
+        allocs = allocations(facts, settings, target, policy)
     ctx_by_type: dict[str, int] = {}
     for type_name in ("f16", "q8_0", "q4_0"):
         if type_name != "f16" and not _kv_quant_ok(facts, type_name):
@@ -378,6 +315,38 @@ def plan(
         ctx_by_type=ctx_by_type,
         notes=tuple(notes),
     )
+
+
+def _serving_step(
+    facts: ModelFacts, settings: Settings, target: Target, policy: Policy, allocs: Sequence[Allocation]
+) -> tuple[Settings, Step, dict[str, str | bool]] | None:
+    """Under a cgroup limit, llama-server's prompt cache and context checkpoints sized to what the plan leaves
+    (plan.serving); None when there is nothing to set (not a server, no cgroup limit, the user set both)."""
+    layout = settings.layout
+    cgroup = [a.limit - a.bytes for a in allocs if a.host_kind == "cgroup"]
+    if settings.kv.tool != "server" or not cgroup or (layout.prompt_cache_set and layout.ctx_checkpoints_set):
+        return None
+    kv = plan_kv(facts, settings.kv)
+    chosen = size_serving(
+        min(cgroup),
+        kv.context.n_seq_max,
+        checkpoint_bytes(facts, kv),
+        user_cache_ram_mib=layout.prompt_cache_mib if layout.prompt_cache_set else None,
+        user_ctx_checkpoints=layout.ctx_checkpoints if layout.ctx_checkpoints_set else None,
+        default_cache_ram_mib=DEFAULT_CACHE_RAM_MIB,
+        default_ctx_checkpoints=DEFAULT_CTX_CHECKPOINTS,
+        cache_charge=policy.prompt_cache_charge,
+    )
+    if not chosen.reason:
+        return None
+    changes: dict[str, str | bool] = {}
+    if chosen.cache_ram_mib is not None:
+        layout = replace(layout, prompt_cache_mib=chosen.cache_ram_mib, prompt_cache_set=True)
+        changes["--cache-ram"] = str(chosen.cache_ram_mib)
+    if chosen.ctx_checkpoints is not None:
+        layout = replace(layout, ctx_checkpoints=chosen.ctx_checkpoints, ctx_checkpoints_set=True)
+        changes["--ctx-checkpoints"] = str(chosen.ctx_checkpoints)
+    return replace(settings, layout=layout), Step("serving", chosen.reason), changes
 
 
 def settings_summary(settings: Settings) -> dict[str, object]:

@@ -26,6 +26,7 @@ class ComputeCosts:
     activation_bytes_per_embd: int
     activation_bytes_per_ff: int
     host_inputs_bytes: int
+    activation_bytes_per_attention: int = 0  # per element of one token's Q, K, V and attention output rows
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class Policy:
     device_runtime: Mapping[str, int] = field(default_factory=dict)
     device_context: Mapping[str, int] = field(default_factory=dict)  # the part a listing's free figure lacks
     keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
+    supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
+    request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
+    request_bytes_per_cell: int = 0  # ... and per context cell
+    prompt_cache_charge: float = 1.0  # what a cgroup is charged per byte of llama-server's --cache-ram
+    oom_after_ready_kv_share: float = 0.875  # the KV share remembered after an OOM kill of a ready server
 
     @property
     def failed_alloc_share(self) -> Fraction:
@@ -171,7 +177,10 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         compute=setting(
             "compute",
             lambda t: ComputeCosts(
-                int(t["activation_bytes_per_embd"]), int(t["activation_bytes_per_ff"]), int(t["host_inputs_bytes"])
+                int(t["activation_bytes_per_embd"]),
+                int(t["activation_bytes_per_ff"]),
+                int(t["host_inputs_bytes"]),
+                int(t.get("activation_bytes_per_attention", 0)),
             ),
         ),
         process_per_vocab_token=setting("process_bytes_per_vocab_token", int, 0),
@@ -182,4 +191,9 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         device_runtime=setting("device_runtime_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
         device_context=setting("device_context_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
         keep_user_ngl=setting("keep_user_ngl", bool, False),
+        supervisor_bytes=setting("supervisor_bytes", int, 0),
+        request_bytes=setting("request_bytes", int, 0),
+        request_bytes_per_cell=setting("request_bytes_per_cell", int, 0),
+        prompt_cache_charge=setting("prompt_cache_charge", float, 1.0),
+        oom_after_ready_kv_share=setting("oom_after_ready_kv_share", _share, 0.875),
     )

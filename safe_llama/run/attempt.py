@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier
+from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.run.fast_record import Recorder
@@ -112,10 +113,11 @@ def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Ma
     from safe_llama.run import remember
 
     assert prepared.plan is not None
-    record = remember.Remembered(
-        kv_bytes=prepared.plan.kv.total_bytes,
-        learned_max_alloc=options.learned_max_alloc,
-        budget_bytes=prepared.target.host_budget.value,
+    record = remember.after_ready(
+        remember.recall(digest, env),
+        prepared.plan.kv.total_bytes,
+        options.learned_max_alloc,
+        prepared.target.host_budget.value,
     )
     try:
         remember.store(digest, record, env)
@@ -123,6 +125,32 @@ def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Ma
         Say(env)(f"could not remember the plan: {err.strerror}", "warning")
         return False
     return True
+
+
+def remember_kill(
+    prepared: Prepared, digest: str | None, options: PlanOptions, evidence: str, env: Mapping[str, str], say: Say
+) -> None:
+    """A ready llama.cpp was killed for lack of memory (a request touched more than the plan held): the next
+    start with the same key plans a KV below it (policy: oom_after_ready_kv_share), so a service manager's
+    restart does not meet the same kill at the next long request."""
+    from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.plan.policy import load_policy
+    from safe_llama.run import remember
+
+    assert prepared.plan is not None
+    kv = prepared.plan.kv.total_bytes
+    where = f"llama.cpp was killed for lack of memory after it was ready ({evidence}) with {human(kv)} of KV"
+    if digest is None:
+        say(f"{where}; not remembered (remembering is off)", "error")
+        return
+    share = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml").oom_after_ready_kv_share
+    record = remember.after_kill(kv, share, options.learned_max_alloc, prepared.target.host_budget.value)
+    try:
+        remember.store(digest, record, env)
+    except OSError as err:
+        say(f"{where}; could not remember it: {err.strerror}", "error")
+        return
+    say(f"{where}; the next start plans at most {human(record.kv_bytes)} of KV", "error")
 
 
 class LaunchRecord:

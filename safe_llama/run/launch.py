@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
-from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher
+from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher, remember_kill
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
@@ -113,7 +113,8 @@ def run(
             # the plan would ask for more than what last started here: start from what worked
             plan_options = replace(plan_options, kv_cap=known.kv_bytes)
             prepared = replan(prepared, plan_options, env)
-            say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
+            why = "a larger plan was killed for lack of memory once ready" if known.after_oom else "it worked before"
+            say(f"starting from the plan with {human(known.kv_bytes)} of KV: {why}")
             recalled = True
     if prepared is not None and first is None:  # an early start said them already
         for line in prepared.announce:
@@ -184,6 +185,8 @@ def run(
             on_ready.stop_watchdog()
             if outcome.ready:
                 notifier.stopping()
+        if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
+            remember_kill(prepared, digest, plan_options, outcome.killed_for_memory, env, say)
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure

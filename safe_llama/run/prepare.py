@@ -13,7 +13,7 @@ from pathlib import Path
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
-from safe_llama.cmdline.request import Request, to_request
+from safe_llama.cmdline.request import DEFAULT_CTX_CHECKPOINTS, Request, to_request
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import LlamaDevice
@@ -131,6 +131,15 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
         mmproj_bytes=_file_size(mmproj),
         mmproj_offload=req.mmproj_offload,
         prompt_cache_mib=req.cache_ram_mib,
+        prompt_cache_set=req.cache_ram_set,
+        ctx_checkpoints=(
+            req.ctx_checkpoints
+            if req.ctx_checkpoints is not None
+            else DEFAULT_CTX_CHECKPOINTS
+            if req.cmd.tool == "server"
+            else 0
+        ),
+        ctx_checkpoints_set=req.ctx_checkpoints is not None,
         load_mode=req.load_mode,
         draft=draft,
     )

@@ -86,6 +86,8 @@ class Outcome:
     signals_forwarded: tuple[int, ...]  # every signal passed on to the child, in order
     pid: int
     used_pty: bool
+    # killed by SIGKILL after it was ready while a memory counter rose (the OOM killer): the counter, in words
+    killed_for_memory: str | None = None
 
     @property
     def retry(self) -> bool:
@@ -442,6 +444,9 @@ class _Supervisor:
             if self.returncode == -signal.SIGKILL and not self.kill_sent:
                 evidence = oom_evidence(self.counters_before, self.memory_counters())
             failure = self.watcher.conclude(None if stopped_by_us else self.returncode, evidence)
+        killed_for_memory = None
+        if self.ready and self.user_stop is None and self.returncode == -signal.SIGKILL and not self.kill_sent:
+            killed_for_memory = oom_evidence(self.counters_before, self.memory_counters())
         return Outcome(
             exit_code=exit_code_for(self.returncode),
             returncode=self.returncode,
@@ -452,6 +457,7 @@ class _Supervisor:
             signals_forwarded=tuple(self.forwarded),
             pid=self.child.proc.pid,
             used_pty=self.use_pty,
+            killed_for_memory=killed_for_memory,
         )
 
     def cleanup(self) -> None:

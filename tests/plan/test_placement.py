@@ -114,9 +114,11 @@ def test_draft_mmproj_and_prompt_cache() -> None:
     assert mem["host"]["draft_kv"] > 0 and "draft_kv" not in mem["CUDA0"]
     assert mem["host"]["mmproj"] == 7 * MIB
     assert mem["host"]["prompt_cache"] == MIB
-    unbounded = place(Layout(prompt_cache_mib=8192))
+    # server_prompt_cache's token limit (n_ctx) rises to what its byte limit holds: the bytes bound it
+    assert place(Layout(prompt_cache_mib=8192))["host"]["prompt_cache"] == 8192 * MIB
+    unbounded = place(Layout(prompt_cache_mib=-1))
     kv = plan_kv(moe_facts(), KvRequest(tool="server", n_ctx=4096, n_parallel=1)).total_bytes
-    assert unbounded["host"]["prompt_cache"] == kv  # bounded by one context's worth of tokens
+    assert unbounded["host"]["prompt_cache"] == kv  # -1: no byte limit, one context's worth of tokens
 
 
 def test_cpu_target_puts_everything_on_the_host() -> None:

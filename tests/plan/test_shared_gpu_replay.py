@@ -122,7 +122,10 @@ def test_5_gib_free_keeps_the_layers_that_fit_and_the_context(
     )
     assert abs(places["CUDA0"]["weights"] - logged) < 0.01 * MIB
     reason = decided.steps[0].reason
-    assert "-ngl 10, 9 of 24 layers and the output layer on the GPU" in reason and "free now (nvml, 0000:00:06.0)" in reason
+    assert (
+        "-ngl 10, 9 of 24 layers and the output layer on the GPU" in reason
+        and "free now (nvml, 0000:00:06.0)" in reason
+    )
     assert ("your -ngl 99" in reason) == ("-ngl" in args)
 
 

@@ -20,25 +20,25 @@ from tests.llama_run import free_port, healthy
 LIMIT = 1536 << 20
 
 
-def _make_cgroup() -> tuple[Path, str]:
-    """(directory, procs file) of a new memory cgroup limited to LIMIT, v2 or v1."""
-    name = f"safe-llama-test-{os.getpid()}"
+def _make_cgroup(limit: int = LIMIT) -> tuple[Path, str]:
+    """(directory, procs file) of a new memory cgroup limited to `limit`, v2 or v1."""
+    name = f"safe-llama-test-{os.getpid()}-{time.monotonic_ns()}"
     v2 = Path("/sys/fs/cgroup/cgroup.controllers")
     if v2.is_file() and "memory" in v2.read_text():
         folder = Path("/sys/fs/cgroup") / name
         folder.mkdir()
-        (folder / "memory.max").write_text(str(LIMIT))
+        (folder / "memory.max").write_text(str(limit))
         return folder, "cgroup.procs"
     folder = Path("/sys/fs/cgroup/memory") / name
     folder.mkdir()
-    (folder / "memory.limit_in_bytes").write_text(str(LIMIT))
+    (folder / "memory.limit_in_bytes").write_text(str(limit))
     return folder, "cgroup.procs"
 
 
 @pytest.fixture
-def cgroup() -> Iterator[tuple[Path, str]]:
+def cgroup(request: pytest.FixtureRequest) -> Iterator[tuple[Path, str]]:
     try:
-        folder, procs = _make_cgroup()
+        folder, procs = _make_cgroup(getattr(request, "param", LIMIT))
     except OSError as err:
         pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
 
@@ -154,3 +154,126 @@ def test_a_user_sigkill_in_the_cgroup_is_not_memory(cgroup: tuple[Path, str]) ->
     outcome = _launch_in(cgroup, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     assert outcome["returncode"] == -signal.SIGKILL
     assert outcome["kind"] == "signal" and outcome["retry"] is False and outcome["evidence"] is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# At full use: the issue's wide-KV model (16 KiB of f16 KV per cell, tiny weights) in a 256 MiB group with
+# safe-llama's supervisor inside it, as in a unit or a container
+# ---------------------------------------------------------------------------------------------------
+
+WIDE_LIMIT = 256 << 20
+
+
+def _wide_model(folder: Path) -> Path:
+    from tests.tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(folder / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
+                           n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
+
+
+def _group_file(folder: Path, v2: str, v1: str) -> Path:
+    return folder / (v2 if (folder / v2).exists() else v1)
+
+
+def _oom_kills(folder: Path) -> int:
+    for line in _group_file(folder, "memory.events", "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def _fill(port: int) -> tuple[int, int]:
+    """(n_ctx, HTTP status; 0: no answer) of one request whose prompt fills the server's context."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=30) as answer:
+        n_ctx = int(json.load(answer)["default_generation_settings"]["n_ctx"])
+    prompt = [300 + i % 25 for i in range(n_ctx - 16)]  # token ids past the byte tokens: one cell each
+    body = json.dumps({"prompt": prompt, "n_predict": 2, "cache_prompt": False}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=1200) as answer:  # noqa: S310 (loopback http)
+            return n_ctx, int(answer.status)
+    except OSError:
+        return n_ctx, 0
+
+
+def _start_in(folder: Path, procs: str, args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    def enter() -> None:
+        (folder / procs).write_text(str(os.getpid()))
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "safe_llama", *args, "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=enter,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not healthy(port):
+        time.sleep(0.2)
+    return proc, port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    return err.decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cgroup", [WIDE_LIMIT], indirect=True)
+def test_the_chosen_context_serves_a_request_that_fills_it(
+    cgroup: tuple[Path, str], tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    folder, procs = cgroup
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    proc, port = _start_in(folder, procs, ["server", "-m", str(_wide_model(tmp_path))], env)
+    try:
+        assert proc.poll() is None, _stop(proc)[-3000:]
+        n_ctx, status = _fill(port)
+    finally:
+        err = _stop(proc)
+    assert status == 200 and n_ctx >= 8192, err[-3000:]
+    assert _oom_kills(folder) == 0
+    peak = int(_group_file(folder, "memory.peak", "memory.max_usage_in_bytes").read_text())
+    assert peak <= WIDE_LIMIT, f"peak {peak}"
+    assert "--cache-ram" in err  # the prompt cache sized to what is left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cgroup", [WIDE_LIMIT], indirect=True)
+def test_an_oom_kill_after_ready_is_remembered_and_the_next_start_plans_below_it(
+    cgroup: tuple[Path, str], tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    """The limit lowered under a ready server to just above what it holds (the compute buffer's pages are not
+    charged until a request touches them): a request that fills the context gets it OOM-killed. safe-llama
+    leaves with 137 (systemd's Restart= starts it again) and the next start plans a smaller KV."""
+    folder, procs = cgroup
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    args = ["server", "-m", str(_wide_model(tmp_path))]
+    limit_file = _group_file(folder, "memory.max", "memory.limit_in_bytes")
+    usage_file = _group_file(folder, "memory.current", "memory.usage_in_bytes")
+    proc, port = _start_in(folder, procs, args, env)
+    try:
+        assert proc.poll() is None, _stop(proc)[-3000:]
+        limit_file.write_text(str(int(usage_file.read_text()) + (4 << 20)))
+        first_ctx, status = _fill(port)
+        proc.wait(60)
+    finally:
+        err = _stop(proc)
+    assert status == 0 and proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert "killed for lack of memory after it was ready" in err and "oom_kill rose" in err, err[-3000:]
+    limit_file.write_text(str(WIDE_LIMIT))
+    proc, port = _start_in(folder, procs, args, env)
+    try:
+        assert proc.poll() is None
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=30) as answer:
+            second_ctx = int(json.load(answer)["default_generation_settings"]["n_ctx"])
+    finally:
+        err = _stop(proc)
+    assert second_ctx < first_ctx, err[-3000:]
+    assert "a larger plan was killed for lack of memory once ready" in err

@@ -1,0 +1,92 @@
+"""Weights that leave a GPU that cannot hold them: MoE experts to host memory first (-ncmoe, the fewest layers'
+experts that make it fit), then whole layers (-ngl, the most that stay), as the planner's `weights` step; and -ngl
+in llama.cpp's own count (the output layer first).
+
+Owns that search over placements; must not choose when it runs (the planner's ladder does). Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from safe_llama.cmdline.request import EXPERT_REGEX
+from safe_llama.model.facts import ModelFacts
+from safe_llama.plan.memory import Settings, allocations
+from safe_llama.plan.policy import Policy
+from safe_llama.plan.split import Override
+from safe_llama.plan.target import Target
+
+
+def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
+    return all(a.fits for a in allocations(facts, settings, target, policy))
+
+
+def layers_words(ngl: int, n_layer: int) -> str:
+    """What -ngl N offloads, as llama.cpp counts it: the output layer first, then the last repeating layers."""
+    if ngl <= 0:
+        return "no layer"
+    if ngl > n_layer:
+        return f"all {n_layer} layers and the output layer"
+    return f"{ngl - 1} of {n_layer} layers and the output layer"
+
+
+def _expert_layers(facts: ModelFacts) -> int:
+    """How many of the first layers hold MoE experts (llama.cpp's -ncmoe counts from layer 0)."""
+    found = [
+        int(name.split(".")[1])
+        for name, _ in facts.tensors
+        if name.startswith("blk.") and re.search(r"^blk\.\d+" + EXPERT_REGEX, name)
+    ]
+    return max(found) + 1 if found else 0
+
+
+def _with_ncmoe(settings: Settings, user: tuple[Override, ...], n: int) -> Settings:
+    # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
+    rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
+    return replace(settings, layout=replace(settings.layout, overrides=rules))
+
+
+def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest n in [lo, hi] with ok(n), for ok false below some n and true from there on."""
+    if not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def weights_off(
+    facts: ModelFacts, settings: Settings, target: Target, policy: Policy
+) -> tuple[Settings, dict[str, str], str]:
+    """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
+    that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
+    n_layer = max(facts.block_count, 1)
+    user = settings.layout.overrides
+    changes: dict[str, str] = {}
+    moved: list[str] = []
+    experts = _expert_layers(facts)
+    if experts:
+        n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy))
+        n = experts if n is None else n
+        if n:
+            settings = _with_ncmoe(settings, user, n)
+            changes["--n-cpu-moe"] = str(n)
+            moved.append(f"-ncmoe {n}: the experts of {n} of {experts} layers in host memory")
+    if not _fits(facts, settings, target, policy):
+        current = n_layer + 1 if settings.n_gpu_layers is None else min(settings.n_gpu_layers, n_layer + 1)
+        fewest_off = _smallest(
+            0, current, lambda off: _fits(facts, replace(settings, n_gpu_layers=current - off), target, policy)
+        )
+        ngl = 0 if fewest_off is None else current - fewest_off
+        settings = replace(settings, n_gpu_layers=ngl)
+        changes["--gpu-layers"] = str(ngl)
+        moved.append(f"-ngl {ngl}, {layers_words(ngl, n_layer)} on the GPU")
+    elif settings.n_gpu_layers is None:
+        settings = replace(settings, n_gpu_layers=n_layer + 1)  # every layer, said explicitly: -fit off
+        changes["--gpu-layers"] = str(n_layer + 1)
+    return settings, changes, " and ".join(moved)
