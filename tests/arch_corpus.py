@@ -20,13 +20,18 @@ from pathlib import Path
 
 from safe_llama.model.arch import ARCHITECTURES, UNMODELLED
 from safe_llama.model.facts import load_model_facts
-from safe_llama.model.kv import KvRequest, mib_line, plan_kv
+from safe_llama.model.kv import STATE_KINDS, KvRequest, f32_mib, mib_line, plan_kv
 from tests.llama_run import kv_lines, run_server_until_ready
 
 RS_LINE = re.compile(
     r"llama_memory_recurrent: size = +(?P<total>[\d.]+) MiB \( *(?P<cells>\d+) cells, +\d+ layers, +"
     r"(?P<seqs>\d+) seqs +\d+ rs_seq\), R \(\w+\): +(?P<r>[\d.]+) MiB, S \(\w+\): +(?P<s>[\d.]+) MiB, "
     r"P \(\w+\): +(?P<p>[\d.]+) MiB"
+)
+# llama_dsv4_comp_state's summary of one compressor state (src/llama-kv-cache-dsv4.cpp), in MiB as a double
+STATE_LINE = re.compile(
+    r"llama_dsv4_comp_state: (?P<name>\w+) ratio = \d+, state = (?P<size>\d+) x \d+, streams = (?P<streams>\d+), "
+    r"rs_seq = \d+, layers = (?P<layers>\d+), size = +(?P<mib>[\d.]+) MiB"
 )
 # sched_reserve runs after every memory module exists: a log without it was cut short
 DONE = "sched_reserve:"
@@ -102,6 +107,8 @@ def seen_lines(log: str) -> list[CacheLine]:
         for x in kv_lines(log)
     ]
     out += [("rs", m["total"], m["cells"], m["seqs"], m["r"], m["s"], m["p"]) for m in RS_LINE.finditer(log)]
+    for m in STATE_LINE.finditer(log):
+        out.append(("state", f"{m['name']} state", m["size"], m["streams"], m["layers"], m["mib"]))
     return out
 
 
@@ -110,15 +117,19 @@ def predicted_lines(model: Path, req: KvRequest) -> tuple[list[CacheLine], int]:
     kv = plan_kv(load_model_facts(model), req)
     kv_out: list[CacheLine] = []
     rs_out: list[CacheLine] = []
+    state_out: list[CacheLine] = []
     for c in kv.caches:
         total, k, v = mib_line(c)
-        if c.kind == "recurrent":
-            rs_out.append(("rs", total, str(c.cells), str(c.n_seq_max), k, v, "0.00"))
+        if c.kind in STATE_KINDS:
+            mib = f"{c.total_bytes / 1048576:.2f}"
+            state_out.append(("state", c.kind, str(c.cells), str(c.n_stream), str(c.layers), mib))
+        elif c.kind == "recurrent":
+            rs_out.append(("rs", total, str(c.cells), str(c.n_seq_max), k, v, f32_mib(c.p_bytes)))
         else:
             kv_out.append(
                 ("kv", total, str(c.cells), str(c.layers), str(c.n_seq_max), str(c.n_stream), c.type_k, k, c.type_v, v)
             )
-    return kv_out + rs_out, kv.total_bytes
+    return kv_out + rs_out + state_out, kv.total_bytes
 
 
 def seen_mib(lines: Sequence[CacheLine]) -> float:
