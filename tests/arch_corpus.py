@@ -3,9 +3,11 @@ test-llama-archs writes a tiny random-weight model per architecture, the real bi
 few configurations, and their `llama_kv_cache: size` / `llama_memory_recurrent: size` lines are compared
 with plan_kv. A test support module (used by tests/model/test_archs_real.py and benchmarks/bench_archs.py).
 
-The lines print MiB with two decimals. Every configuration below gives each stream at least 8192 cells, so
-one f16 element more or less per cell in one layer (16 KiB) changes what is printed: equal KV lines mean
-equal bytes. Recurrent state does not grow with the context, so its lines are equal to 0.01 MiB only.
+The lines print MiB with two decimals. The first five configurations give each stream at least 8192 cells,
+so one f16 element more or less per cell in one layer (16 KiB) changes what is printed: equal KV lines mean
+equal bytes. The last three are llama-server's everyday command lines (small contexts, its slots, a q8_0
+cache), where the cell counts and layer counts must match as well. Recurrent state does not grow with the
+context, so its lines are equal to 0.01 MiB only.
 """
 
 from __future__ import annotations
@@ -77,6 +79,22 @@ CONFIGS = (
         "completion",
         ("-c", "16384", "-np", "2", "--swa-full"),
         KvRequest("completion", n_ctx=16384, n_parallel=2, swa_full=True),
+    ),
+    Config("server-np2", "server", ("-c", "4096", "-np", "2"), KvRequest("server", n_ctx=4096, n_parallel=2)),
+    Config(
+        "server-auto",
+        "server",
+        (
+            "-c",
+            "10000",
+        ),
+        KvRequest("server", n_ctx=10000),
+    ),
+    Config(
+        "server-q8_0",
+        "server",
+        ("-c", "3000", "-np", "1", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"),
+        KvRequest("server", n_ctx=3000, n_parallel=1, type_k="q8_0", type_v="q8_0", flash_attn="on"),
     ),
 )
 
