@@ -313,6 +313,9 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             overhead = policy.per_backend(policy.address_space_overhead, target.backend)
             overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.address_space_per_cell * kv.context.n_ctx
+            if settings.kv.tool == "server":
+                # the task loop's thread, made after `model loaded`: short of it the server aborts unserved
+                overhead += policy.address_space_server_loop
             weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
             # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
             kept = int(policy.address_space_margin * target.margin_scale)

@@ -39,6 +39,7 @@ class Policy:
     address_space_per_vocab_token: int
     address_space_per_cell: int
     address_space_margin: int
+    address_space_server_loop: int
     kv_split: Mapping[str, Any]
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
@@ -157,6 +158,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         address_space_per_vocab_token=field("address_space_bytes_per_vocab_token", int, 0),
         address_space_per_cell=field("address_space_bytes_per_cell", int, 0),
         address_space_margin=field("address_space_margin_bytes", int, 0),
+        address_space_server_loop=field("address_space_server_loop_bytes", int, 0),
         kv_split=field("kv_split", dict),
         ladder=ladder,
         malloc_arena_max=field("malloc_arena_max", int, 0),

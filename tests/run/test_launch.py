@@ -4,6 +4,7 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import resource
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.llama_run import free_port, healthy
+from tests.llama_run import free_port, healthy, run_server_until_ready, serving
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 GIB = 1 << 30
@@ -342,8 +343,12 @@ def test_ggml_init_assert_before_the_memory_line_is_retried(seed: tuple[dict[str
     assert "GGML_ASSERT(ctx->mem_buffer != NULL)" in failed[0] and "retrying" in failed[0]
 
 
-def test_server_stopped_right_after_readiness_is_remembered(seed: tuple[dict[str, str], Path, Path]) -> None:
-    """Readiness is llama-server's own `model loaded` line: a stop a moment later still stores the plan."""
+@pytest.mark.parametrize(("wait", "remembered"), [(0.0, 0), (2.0, 1)], ids=["stopped-at-once", "stopped-later"])
+def test_server_remembered_only_once_it_serves(
+    seed: tuple[dict[str, str], Path, Path], wait: float, remembered: int
+) -> None:
+    """`model loaded` is not serving: a server stopped at once is no start to remember; one that outlived
+    readiness.SERVE_SETTLE (this fake has no task loop to ask) was ready, and its plan is stored."""
     env, model, _ = seed
     env = {**env, "FAKE_TOOL": "server"}
     proc = safe_llama(["server", "-m", str(model), "-c", "8192", "--port", str(free_port())], env)
@@ -354,14 +359,15 @@ def test_server_stopped_right_after_readiness_is_remembered(seed: tuple[dict[str
             line = proc.stderr.readline()
             assert line, seen.decode()[-2000:]
             seen += line
-        proc.send_signal(signal.SIGTERM)  # at once: well before any /health poll
+        time.sleep(wait)
+        proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[1]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, (seen + rest).decode()[-2000:]
-    assert len(_plans(env)) == 1
+    assert len(_plans(env)) == remembered
 
 
 def _run_under(args: list[str], env: dict[str, str], as_limit_kib: int) -> subprocess.CompletedProcess[str]:
@@ -403,3 +409,78 @@ def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> N
             launch_options(settings)
     else:
         assert launch_options(settings).attempts == expected
+
+
+def _bare_server_under(llama_bin: Path, args: list[str], env: dict[str, str], kib: int) -> tuple[bool, bool, str]:
+    """The bare llama-server under ulimit -v kib: (logged `model loaded`, served, its log)."""
+    code, log = run_server_until_ready(llama_bin, args, env, as_limit_kib=kib)
+    return "model loaded" in log, code is None, log
+
+
+def _sliver(llama_bin: Path, args: list[str], env: dict[str, str]) -> int:
+    """A ulimit -v (KiB) at which the real llama-server logs `model loaded` and then aborts unserved: the
+    least limit that loads, by bisection at 512 KiB, then the first of the next few MiB that does not serve."""
+    lo, hi = 200_000, 2_000_000  # does not load / loads
+    while hi - lo > 512:
+        mid = (lo + hi) // 2
+        if _bare_server_under(llama_bin, args, env, mid)[0]:
+            hi = mid
+        else:
+            lo = mid
+    for kib in range(hi, hi + 16_384, 1024):
+        loaded, served, log = _bare_server_under(llama_bin, args, env, kib)
+        if loaded and not served:
+            assert "Resource temporarily unavailable" in log, log[-2000:]
+            return kib
+    raise AssertionError(f"no limit from {hi} KiB on loads and then fails: no sliver to test")
+
+
+def serve_until_serving(args: list[str], env: dict[str, str], as_limit_kib: int) -> tuple[bool, int, str]:
+    """safe-llama server under ulimit -v until the server serves (GET /slots) or safe-llama exits."""
+    port = free_port()
+    proc = safe_llama(["server", *args, "--port", str(port)], env, as_limit_kib=as_limit_kib)
+    served = False
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if serving(port):
+            served = True
+            time.sleep(1.0)  # the supervisor's own poll sees it too
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    return served, proc.returncode, err.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_start_that_dies_after_model_loaded_is_a_failed_start(
+    env: dict[str, str], llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]
+) -> None:
+    """Under a real RLIMIT_AS just above what `model loaded` needs, llama-server aborts creating its task
+    loop's thread (std::system_error). Launched as asked (prediction off) that start is a failed attempt,
+    retried smaller, and only the start that serves is remembered; planned, the start keeps out of it."""
+    args = ["-m", str(bundled_model), "-c", "32768", "-fit", "off"]
+    arena = {"MALLOC_ARENA_MAX": "2"}  # the user's: the plan keeps it, and the limit is then deterministic
+    kib = _sliver(llama_bin, args, {**clean_env, **arena})
+
+    served, code, err = serve_until_serving(args, {**env, **arena, "SAFE_LLAMA_PREDICT": "0"}, kib)
+    assert served and code == 0, err[-3000:]
+    failed = _attempt_lines(err)
+    assert len(failed) == 1 and "Resource temporarily unavailable" in failed[0], err[-3000:]
+    plans = _plans(env)
+    assert len(plans) == 1  # the retry's plan, which served
+    remembered = json.loads(plans[0].read_text())
+    assert _kv_of(bundled_model, 32768) > remembered["kv_bytes"]
+
+    planned_env = {**env, **arena, "XDG_CACHE_HOME": env["XDG_CACHE_HOME"] + "-planned"}
+    served, code, err = serve_until_serving(args, planned_env, kib)
+    assert served and code == 0, err[-3000:]
+    assert _attempt_lines(err) == [], err[-3000:]  # the plan left room for the task loop's thread
+
+
+def _kv_of(model: Path, n_ctx: int) -> int:
+    from safe_llama.model.facts import load_model_facts
+    from safe_llama.model.kv import KvRequest, plan_kv
+
+    return plan_kv(load_model_facts(model), KvRequest("server", n_ctx=n_ctx)).total_bytes
