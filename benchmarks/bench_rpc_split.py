@@ -152,7 +152,15 @@ def main() -> int:
     work = args.keep or Path(tempfile.mkdtemp())
     work.mkdir(parents=True, exist_ok=True)
     model = write_tiny_gguf(
-        work / "m8.gguf", n_layer=8, n_head=4, n_head_kv=4, head_dim=128, n_ff=1024, n_ctx_train=65536, sparse=True
+        work / "m8.gguf",
+        n_layer=8,
+        n_head=4,
+        n_head_kv=4,
+        head_dim=128,
+        n_embd=256,
+        n_ff=512,
+        n_ctx_train=65536,
+        sparse=True,
     )
     workers = []
     for i, limit in enumerate(LIMITS):

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, replace
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
-from safe_llama.plan.compute import compute_estimate, host_compute_estimate, input_mask_bytes
+from safe_llama.plan.compute import (
+    compute_estimate,
+    host_compute_estimate,
+    input_mask_bytes,
+    logits_bytes,
+    packaged_compute_costs,
+    split_compute,
+)
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import (
     Override,
@@ -193,10 +200,23 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
             add("host", "kv", out.get(place, {}).get("kv", 0))
     if len(devices) > 1:
         # every device that runs layers reserves its own graph (with its copies of the inputs, pipelined)
-        holders = set(layer_places(n_layer, offloaded, devices, split)[:n_layer])
+        placed = layer_places(n_layer, offloaded, devices, split)
+        holders = set(placed[:n_layer])
+        split_costs = costs or packaged_compute_costs()
+        own = None
+        if not target.on_gpu and split_costs.split_bytes_per_token:
+            own = split_compute(facts, kv, settings.kv, split_costs) + target.compute_extra
+        first = next((p for p in placed[:n_layer] if p != "host"), None)
         for place in devices:
-            if place in holders:
+            if place not in holders:
+                continue
+            if own is None:
                 add(place, "compute", compute + copies)
+                continue
+            # a CPU device's graph from its own place in the split: the first one takes the host's inputs
+            extra = split_costs.split_first_bytes_per_embd * facts.embedding_length * kv.context.n_ubatch
+            logits = logits_bytes(facts, kv, settings.kv) if placed[n_layer] == place else 0
+            add(place, "compute", own + copies + logits + (extra if place == first else 0))
     else:
         add(main, "compute", compute)
     for remote in target.remote:

@@ -26,6 +26,11 @@ class ComputeCosts:
     activation_bytes_per_embd: int
     activation_bytes_per_ff: int
     host_inputs_bytes: int
+    # a layer split over CPU devices (RPC workers under a CPU-only head): each device's own graph per token
+    split_bytes_per_token: int = 0
+    split_bytes_per_embd: int = 0
+    split_bytes_per_ff: int = 0
+    split_first_bytes_per_embd: int = 0  # ...and the first device's inputs from the host on top
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,13 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         compute=field(
             "compute",
             lambda t: ComputeCosts(
-                int(t["activation_bytes_per_embd"]), int(t["activation_bytes_per_ff"]), int(t["host_inputs_bytes"])
+                int(t["activation_bytes_per_embd"]),
+                int(t["activation_bytes_per_ff"]),
+                int(t["host_inputs_bytes"]),
+                int(t.get("split_bytes_per_token", 0)),
+                int(t.get("split_bytes_per_embd", 0)),
+                int(t.get("split_bytes_per_ff", 0)),
+                int(t.get("split_first_bytes_per_embd", 0)),
             ),
         ),
         process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
