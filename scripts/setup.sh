@@ -8,8 +8,15 @@
 #                               /usr/local/bin/safe-llama*    links to the commands
 #                             As a normal user: ~/.local/share/safe-llama/venv, ~/.cache/safe-llama/...,
 #                             links in ~/.local/bin.  (SAFE_LLAMA_PREFIX moves /opt/safe-llama.)
+#   scripts/setup.sh --vulkan also builds the Vulkan flavour of the pinned llama.cpp (Intel/AMD/NVIDIA GPUs through
+#                             their Vulkan drivers; about 17 minutes on 2 cores), with glslc, the Vulkan loader and
+#                             Mesa's drivers from apt; point SAFE_LLAMA_BIN_DIR at the folder it prints to use it.
 #   scripts/setup.sh --test   for development and CI: ./.venv (this checkout installed editable, with the
-#                             test tools) and the OpenVINO-enabled llama.cpp build as well.
+#                             test tools) and the OpenVINO and Vulkan llama.cpp builds as well (Vulkan tests run
+#                             on Mesa's lavapipe, a CPU Vulkan driver).
+#
+# Each stage says what it does on stderr; a llama.cpp build says where its log is and how far it got, and
+# a normal user's set-up uses the system-wide build when it is the same (scripts/build-llama.sh).
 #
 # It never installs into the system Python (Debian's is "externally managed", PEP 668): Debian packages
 # come from apt (sudo when not root), Python packages go into the virtual environment.
@@ -18,16 +25,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=user
-case "${1:-}" in
-  --test) MODE=test ;;
-  "") ;;
-  *) echo "setup.sh: unknown option '$1' (expected nothing or --test)" >&2; exit 2 ;;
-esac
+VULKAN=no
+for arg in "$@"; do
+  case "$arg" in
+    --test) MODE=test; VULKAN=yes ;;
+    --vulkan) VULKAN=yes ;;
+    *) echo "setup.sh: unknown option '$arg' (expected nothing, --vulkan or --test)" >&2; exit 2 ;;
+  esac
+done
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 umask 022
 
 say() { echo "setup: $*" >&2; }
+elapsed() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 
 if [ -n "${PYTHON:-}" ]; then
   BASE=$PYTHON
@@ -39,6 +50,8 @@ fi
 
 APT=(pocl-opencl-icd ocl-icd-libopencl1 clinfo ninja-build cmake g++ make)
 [ "$MODE" = test ] && APT+=(ocl-icd-opencl-dev opencl-headers systemd procps util-linux)
+# the Vulkan flavour: the shader compiler and headers to build it, the loader and Mesa's drivers to run it
+[ "$VULKAN" = yes ] && APT+=(glslc spirv-headers libvulkan-dev libvulkan1 mesa-vulkan-drivers)
 # Debian's python3 has neither venv nor pip until python3-venv is installed.
 if ! "$BASE" -c 'import ensurepip, venv' 2>/dev/null; then
   APT+=(python3-venv)
@@ -100,6 +113,7 @@ fi
 
 say "pinned llama.cpp (cpu): $(PYTHON=$PY bash scripts/build-llama.sh cpu)"
 [ "$MODE" = test ] && say "pinned llama.cpp (openvino): $(PYTHON=$PY bash scripts/build-llama.sh openvino)"
+[ "$VULKAN" = yes ] && say "pinned llama.cpp (vulkan): $(PYTHON=$PY bash scripts/build-llama.sh vulkan)"
 say "bundled model: $("$PY" -c 'from safe_llama.model.bundled import bundled_model_path as p; print(p())')"
 
 if [ "$MODE" = user ]; then
@@ -118,3 +132,4 @@ if [ "$MODE" = user ]; then
          "which is not on your PATH: add it, or run scripts/safe-llama" ;;
   esac
 fi
+say "done in $(elapsed)"

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real parts (pinned llama.cpp builds, the bundled model, pocl).
+"""Shared fixtures: the real parts (pinned llama.cpp builds, the bundled model, pocl, lavapipe).
 
 A real part that is missing is an error, not a skip: scripts/setup.sh installs all of them, and a test
 that silently skips proves nothing.
@@ -32,6 +32,12 @@ def llama_bin() -> Path:
 def openvino_bin() -> Path:
     """bin/ of the pinned OpenVINO-enabled build."""
     return _bin_dir("openvino")
+
+
+@pytest.fixture(scope="session")
+def vulkan_bin() -> Path:
+    """bin/ of the pinned Vulkan build (tests run it on Mesa's lavapipe)."""
+    return _bin_dir("vulkan")
 
 
 @pytest.fixture(scope="session")

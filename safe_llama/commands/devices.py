@@ -14,12 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from safe_llama.device.binaries import find_binary
+from safe_llama.device.declared import declared_limits
 from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import DeviceReport, LlamaProbe, declared_limits, probe_devices
+from safe_llama.device.devices import DeviceReport, LlamaProbe, probe_devices
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
+from safe_llama.device.probe_free import FreeReport
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
+from safe_llama.device.probe_vulkan import VulkanReport
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir
 from safe_llama.units import human
@@ -61,6 +64,16 @@ def _render_target(t: TargetDevice) -> list[str]:
     ]
     if t.opencl is not None:
         lines.append(f"  OpenCL          {t.opencl.name} ({t.opencl.platform})")
+    if t.vulkan is not None:
+        vk = t.vulkan
+        lines += [
+            f"  Vulkan buffer   {_sourced(vk.max_buffer, '')}",
+            f"  Vulkan alloc    {_sourced(vk.max_allocation, '')}",
+            f"  Vulkan block    {_sourced(vk.block, '')}",
+            f"  largest tensor  {_sourced(vk.max_tensor, '')}",
+        ]
+        if vk.free_bytes is not None:
+            lines.append(f"  Vulkan budget   {human(vk.free_bytes):>10}  free (VK_EXT_memory_budget)")
     if t.neo_filter:
         lines.append("  NEO filter      " + " ".join(f"{k}={v}" for k, v in t.neo_filter.items()))
     lines.append(f"  mapping         {t.mapping_note}")
@@ -99,6 +112,15 @@ def _render_llama(llama: LlamaProbe | None, note: str, now: float) -> list[str]:
     return lines
 
 
+def _render_free(free: FreeReport) -> list[str]:
+    lines = [f"Free memory now: {free.note or 'not read'}"]
+    for r in free.readings:
+        lines.append(
+            f"  {r.pci_bdf or '?':<13} {r.name}  {human(r.free_bytes)} free of {human(r.total_bytes)}  ({r.source})"
+        )
+    return lines
+
+
 def _render_opencl(opencl: OpenCLReport, cached: bool) -> list[str]:
     lines = [f"OpenCL ({opencl.status}){' [cached]' if cached else ''}: {opencl.note}"]
     for device in opencl.devices:
@@ -109,6 +131,26 @@ def _render_opencl(opencl: OpenCLReport, cached: bool) -> list[str]:
             f"{device.platform}, driver {device.driver_version}]",
             f"      max alloc {human(device.max_mem_alloc_size)} ({device.max_mem_alloc_size:,} B), "
             f"global {human(device.global_mem_size)}, {unified}, PCI {pci}",
+        ]
+    return lines
+
+
+def _render_vulkan(vulkan: VulkanReport | None, cached: bool) -> list[str]:
+    if vulkan is None:
+        return []
+    lines = [f"Vulkan ({vulkan.status}){' [cached]' if cached else ''}: {vulkan.note}"]
+    for d in vulkan.devices:
+        buffer = human(d.max_buffer_size) if d.max_buffer_size is not None else "n/a (no VK_KHR_maintenance4)"
+        heaps = ", ".join(
+            f"{human(h.size)}{' device-local' if h.device_local else ''}"
+            + (f" ({human(max((h.budget or 0) - (h.usage or 0), 0))} free)" if h.budget is not None else "")
+            for h in d.heaps
+        )
+        lines += [
+            f"  #{d.index} {d.name} [{d.device_type}, 0x{d.vendor_id:04x}, Vulkan {d.api_version}]",
+            f"      maxMemoryAllocationSize {human(d.max_memory_allocation_size)}, maxBufferSize {buffer}, "
+            f"maxStorageBufferRange {human(d.max_storage_buffer_range)}",
+            f"      heaps: {heaps or 'none'}; VK_EXT_memory_budget {'yes' if d.memory_budget else 'no'}",
         ]
     return lines
 
@@ -139,10 +181,12 @@ def render_text(report: DeviceReport, *, now: float | None = None) -> str:
         _render_target(report.target),
         _render_host(report.host),
         _render_llama(report.llama, report.llama_note, time.time() if now is None else now),
+        _render_free(report.free),
         _render_opencl(report.opencl, report.opencl_cached),
+        _render_vulkan(report.vulkan, report.vulkan_cached),
         _render_sysfs(report.sysfs),
     ]
-    return "\n\n".join("\n".join(section) for section in sections)
+    return "\n\n".join("\n".join(section) for section in sections if section)
 
 
 def run_devices_command(

@@ -25,7 +25,8 @@ from typing import Literal, TextIO
 
 from safe_llama.device.binaries import TOOL_BINARY, locate_binary
 from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import ProbeRoots, load_profiles, probe_devices, probe_llama
+from safe_llama.device.devices import load_profiles, probe_devices, probe_llama
+from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport

@@ -37,13 +37,15 @@ from safe_llama.plan.remedies import (
 from safe_llama.plan.target import Target, kv_splits
 from safe_llama.plan.words import Words, fill, load_words
 from safe_llama.run.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
-from safe_llama.run.signatures import Failure
+from safe_llama.run.own_lines import OwnTable, load_own_table
+from safe_llama.run.own_outcome import own_exit, recovered, where_words
 
 if TYPE_CHECKING:
     from safe_llama.run.prepare import Prepared
 
-Status = Literal["explained", "no-failure", "unrecognised"]
-EXIT_CODES: Mapping[Status, int] = {"explained": 0, "no-failure": 1, "unrecognised": 1}
+# recovered: a start failed and safe-llama's retry started it (the log shows it ready afterwards)
+Status = Literal["explained", "recovered", "no-failure", "unrecognised"]
+EXIT_CODES: Mapping[Status, int] = {"explained": 0, "recovered": 0, "no-failure": 1, "unrecognised": 1}
 
 
 @dataclass(frozen=True)
@@ -64,19 +66,11 @@ class Explanation:
     notes: tuple[str, ...]  # what could not be told, and what was assumed
     run: FailedRun
     log: LogFacts
+    safe_llama_exit: int | None = None  # the exit code safe-llama left with, when its own line says
 
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
-
-
-def _where(failure: Failure, backend: str | None) -> str:
-    buffer = failure.buffer or ""
-    if buffer in ("", "CPU") and backend in (None, "cpu", "openvino") and failure.limit_bytes is None:
-        return "host memory (RAM, a cgroup memory limit, or ulimit -v)"
-    if failure.limit_bytes is not None:
-        return "the device"
-    return f"{buffer}'s memory" if buffer else "the device's memory"
 
 
 def stage_of(reading: LogReading, words: Words) -> str | None:
@@ -103,12 +97,30 @@ def explain(
     source: str,
     prepared: Prepared | None = None,
     model_note: str | None = None,
+    own_words: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Explanation:
     """The explanation of a read log: the failure in words, why, and the remedies (planned from `prepared`,
     run.prepare's result for the failed command, when given; else from the log's numbers)."""
     failure = reading.failure
     facts = reading.facts
     notes = [n for n in (model_note,) if n]
+    ending, retries = reading.own_exit, reading.retries
+    if ending is not None or (retries and (reading.started_line or 0) > retries[-1].number):
+        own = own_exit(reading, ending, run, words, own_words or {}) if ending else recovered(reading, run, words)
+        return Explanation(
+            status=own.status, source=source, what=own.what, why=own.why, line=own.line,
+            kind="safe-llama" if ending else failure.kind if failure else None,
+            signature_id=ending.pattern_id if ending else failure.signature_id if failure else None,
+            memory=own.memory, stage=None if ending else stage_of(reading, words),
+            requested_bytes=None if ending or not failure else failure.requested_bytes,
+            limit_bytes=None if ending or not failure else failure.limit_bytes, basis="none",
+            remedies=own.remedies, notes=(*notes, *own.notes), run=run, log=facts, safe_llama_exit=own.exit,
+        )  # fmt: skip
+    if retries:
+        notes.append(
+            f"safe-llama retried {len(retries)} time(s) ({retries[-1].groups.get('reason') or retries[-1].text}); "
+            "the log ends before it shows the outcome"
+        )
     if failure is None or (reading.refused_device is not None and not failure.memory):
         return _unsigned(reading, run, words, source, notes)
     binary = TOOL_BINARY[run.tool]
@@ -118,7 +130,7 @@ def explain(
         "requested": bytes_words(failure.requested_bytes),
         "limit": bytes_words(failure.limit_bytes),
         "buffer": failure.buffer or "device",
-        "where": _where(failure, facts.backend),
+        "where": where_words(failure, facts.backend),
         "tool": binary,
         "line": failure.line or "",
     }
@@ -267,14 +279,16 @@ def render_text(expl: Explanation) -> str:
     if expl.line:
         lines.append(f"Line   {expl.line}")
     run, log = expl.run, expl.log
-    known = [f"tool {TOOL_BINARY[run.tool]} ({run.tool_from})"]
+    assumed = run.tool_from.startswith("not in the log") and expl.kind == "safe-llama"
+    known = [] if assumed else [f"tool {TOOL_BINARY[run.tool]} ({run.tool_from})"]
     if run.model_path:
         known.append(f"model {run.model_path} ({run.model_from})")
     if run.n_ctx:
         known.append(f"context {run.n_ctx} ({run.n_ctx_from})")
     if log.backend:
         known.append(f"backend {log.backend}{' GPU' if log.on_gpu else ''}")
-    lines.append("Log    " + "; ".join(known))
+    if known:
+        lines.append("Log    " + "; ".join(known))
     if expl.remedies:
         heading = {
             "plan": "What would fit (planned exactly from the model):",
@@ -342,6 +356,11 @@ def _model_inputs(
     return Prepared(cmd, request, run.model_path, facts, target, None, None, None, None, layout, notes), None
 
 
+def own_words(table: OwnTable) -> dict[str, Mapping[str, str]]:
+    """explain's words for safe-llama's own lines, by the line's id."""
+    return {entry.id: entry.words for entry in table.patterns}
+
+
 def run_explain(
     *,
     file: str,
@@ -362,12 +381,15 @@ def run_explain(
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
     words = load_words(configs_dir(env) / "explain.toml")
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
-    reading = read_log(text, table)
+    own_table = load_own_table(configs_dir(env) / "own-lines.toml")
+    reading = read_log(text, table, own_table)
     run = failed_run(reading.facts, args=args, model=model, tool=tool)
     prepared = note = None
     if reading.failure is not None and reading.failure.memory:
         prepared, note = _model_inputs(run, reading, policy, env)
-    expl = explain(reading, run, words, policy, source=file, prepared=prepared, model_note=note)
+    expl = explain(
+        reading, run, words, policy, source=file, prepared=prepared, model_note=note, own_words=own_words(own_table)
+    )
     stream = sys.stdout if out is None else out
     stream.write(to_json(expl) + "\n" if json_out else render_text(expl))
     return expl.exit_code

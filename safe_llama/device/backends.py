@@ -20,11 +20,11 @@ class BackendRule:
     """How a backend meets a device's limits (from the pinned ggml source, ggml_backend_*_get_max_size)."""
 
     vendor_ids: tuple[int, ...]  # PCI vendors its devices come from (empty: any)
-    alloc_limit: Literal["opencl", "none", "unprobed"]
+    alloc_limit: Literal["opencl", "vulkan", "none", "unprobed"]
     why: str
 
 
-ALLOC_LIMITS = ("opencl", "none", "unprobed")
+ALLOC_LIMITS = ("opencl", "vulkan", "none", "unprobed")
 
 
 def parse_backend_rules(data: Mapping[str, Any], where: str) -> dict[str, BackendRule]:

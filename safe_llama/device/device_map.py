@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from safe_llama.device.backends import BackendRule, backend_rules
+from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.limits import (
     NOTHING_DECLARED,
     Choice,
@@ -29,8 +30,11 @@ from safe_llama.device.matching import (
     _neo_filter,
     _normal,
 )
+from safe_llama.device.probe_free import FreeReading
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
+from safe_llama.device.probe_vulkan import VulkanReport
+from safe_llama.device.vulkan_limits import VulkanLimits, match_vulkan, vulkan_limits
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
 
@@ -56,6 +60,9 @@ class TargetDevice:
     neo_filter: dict[str, str] = field(default_factory=dict)  # env that makes only this Intel GPU visible
     mapping_note: str = ""
     warnings: tuple[str, ...] = ()
+    listed: LlamaDevice | None = None  # llama.cpp's own line for it
+    free_is_vendor: bool = False  # memory_free_bytes came from the vendor's interface now, not the listing
+    vulkan: VulkanLimits | None = None  # a Vulkan device's limits as ggml-vulkan computes them
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -184,6 +191,7 @@ def _max_alloc(
     declared: DeclaredLimits,
     profile: DeviceProfile | None,
     matched: DeviceProfile | None,
+    vulkan: VulkanLimits | None = None,
 ) -> tuple[bool, Sourced[int] | None]:
     """Whether a per-allocation limit applies, and its value."""
     if declared.max_alloc_bytes is not None:
@@ -195,6 +203,9 @@ def _max_alloc(
     if rule.alloc_limit == "opencl" and cl_device is not None:
         detail = f"OpenCL CL_DEVICE_MAX_MEM_ALLOC_SIZE of '{cl_device.name}' ({cl_device.platform})"
         return True, Sourced(cl_device.max_mem_alloc_size, "probed", detail)
+    if rule.alloc_limit == "vulkan" and vulkan is not None:
+        # one buffer: at most the max buffer size (ggml_vk_create_buffer) and the driver's max allocation
+        return True, min(vulkan.max_buffer, vulkan.driver_allocation, key=lambda s: s.value)
     if matched is not None and matched.max_alloc_bytes is not None:
         return True, Sourced(matched.max_alloc_bytes, "profile", f"{matched.path} (matched by name)")
     return True, None
@@ -275,6 +286,9 @@ def resolve_target(
     profiles: Sequence[DeviceProfile] = (),
     env: Mapping[str, str] = os.environ,
     rules: Mapping[str, BackendRule] | None = None,
+    free_now: Sequence[FreeReading] = (),
+    listing_age: float | None = None,
+    vulkan: VulkanReport | None = None,
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
     matched by device name. Pure: every fact comes in as a value (`rules`: configs/backends.toml as
@@ -302,18 +316,31 @@ def resolve_target(
     else:
         notes.append(f"profile {profile.key} ({profile.path}) given by name")
 
-    limits_alloc, max_alloc = _max_alloc(rule, cl_device, declared, profile, matched)
+    vk_limits = None
+    if choice.backend == "vulkan" and vulkan is not None:
+        listed_names = [d.hardware_name for d in listed.devices if d.backend == "vulkan"] if listed else []
+        vk_device, vk_how = match_vulkan(choice.llama_name, choice.description, listed_names, vulkan, env)
+        notes.append(vk_how)
+        if vk_device is not None:
+            vk_limits = vulkan_limits(vk_device, env)
+            warnings.extend(vk_limits.warnings)
+    limits_alloc, max_alloc = _max_alloc(rule, cl_device, declared, profile, matched, vk_limits)
     if limits_alloc and max_alloc is None:
         warnings.append("the per-allocation limit of this device is unknown: declare --max-alloc or --profile")
     integrated = _integrated(choice, on_host, cl_device, pci, declared, profile, matched)
+    if integrated is None and vk_limits is not None:
+        # an integrated GPU, or a CPU driver (lavapipe): its heaps are host RAM
+        kind = vk_limits.device.device_type
+        integrated = Sourced(kind in ("integrated-gpu", "cpu"), "probed", f"Vulkan deviceType {kind}")
     npu = choice.backend == "openvino" and (choice.backend_device or "").startswith("NPU")
     neo, neo_note, neo_warnings = _neo_filter(choice.backend, cl_device, pci, bdf, sysfs, opencl, env)
     if neo_note:
         notes.append(neo_note)
     warnings.extend(neo_warnings)
-    free = None
-    if choice.llama is not None:
-        free = Sourced(choice.llama.free_bytes, "probed", "llama.cpp --list-devices free, when it was run")
+    reading, free_how = match_reading(choice.llama, pci, free_now, env)
+    if free_how and reading is None:
+        notes.append(f"free memory: {free_how}")
+    free = free_figure(choice.llama, reading, listing_age=listing_age)
     return TargetDevice(
         llama_name=choice.llama_name,
         backend=choice.backend,
@@ -333,4 +360,7 @@ def resolve_target(
         neo_filter=neo,
         mapping_note="; ".join(notes),
         warnings=tuple(warnings),
+        listed=choice.llama,
+        free_is_vendor=reading is not None,
+        vulkan=vk_limits,
     )

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,10 @@ from safe_llama import state
 from safe_llama.cmdline import env_scan
 from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
+from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
+from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
-from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile
+from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile, Sourced
 from safe_llama.device.list_devices import (
     DeviceRequest,
     ListedDevices,
@@ -30,15 +32,16 @@ from safe_llama.device.list_devices import (
     parse_version,
     resolve_request,
 )
+from safe_llama.device.probe_free import NO_READINGS, FreeReport, read_free
 from safe_llama.device.probe_host import probe_host
 from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_opencl_isolated
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
 from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
+from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir
-from safe_llama.units import parse_bytes
 
 # Environment variables that change what `--list-devices` prints (which devices exist, which OpenVINO
 # device is selected). A cached listing is only valid for the same values.
@@ -59,6 +62,7 @@ LLAMA_ENV_PREFIXES = (
     "VK_",
     "MESA_",
     "LD_LIBRARY_PATH",
+    "NVIDIA_",
 )
 
 
@@ -85,16 +89,9 @@ class DeviceReport:
     declared: DeclaredLimits
     profile: DeviceProfile | None
     rpc: ListedDevices | None = None  # the devices of the --rpc workers, as llama.cpp lists them
-
-
-@dataclass(frozen=True)
-class ProbeRoots:
-    """The parts of the file system the probes read; tests point them at temporary trees."""
-
-    sys_root: Path = Path("/sys")
-    dev_root: Path = Path("/dev")
-    proc_cgroup: Path = Path("/proc/self/cgroup")
-    cgroup_root: Path = Path("/sys/fs/cgroup")
+    free: FreeReport = NO_READINGS  # the vendors' free-memory readings, taken now
+    vulkan: VulkanReport | None = None  # probed when llama.cpp lists a Vulkan device
+    vulkan_cached: bool = False
 
 
 # -------------------------------------------------------------------------------------------- profiles
@@ -173,13 +170,15 @@ def _cache_store(path: Path, key: str, payload: dict[str, Any]) -> None:
         state.write_json(path, {"format": CACHE_FORMAT, "key": key, "written_at": time.time(), "payload": payload})
 
 
-def probe_llama(binary: Path, *, env: Mapping[str, str], cache: Path, refresh: bool = False) -> LlamaProbe:
+def probe_llama(
+    binary: Path, *, env: Mapping[str, str], cache: Path, refresh: bool = False, drivers: str = ""
+) -> LlamaProbe:
     """`<binary> --list-devices` and `--version`, cached by the binary's real path, size and mtime, the
-    environment variables that change the listing, and the boot."""
+    environment variables that change the listing, the drivers (`drivers`: driver_state) and the boot."""
     real = str(Path(binary).resolve())
     st = Path(real).stat()
     setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
-    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}")
+    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}")
     # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
     # a rebuilt binary overwrites its own.
     where = cache / f"llama-{state.digest(setting, 16)}.json"
@@ -260,7 +259,7 @@ def probe_devices(
     env: Mapping[str, str] = os.environ,
     declared: DeclaredLimits = NOTHING_DECLARED,
     refresh: bool = False,
-    roots: ProbeRoots = ProbeRoots(),
+    roots: ProbeRoots = DEFAULT_ROOTS,
     binary_note: str = "",
     opencl_always: bool = True,
     rpc_servers: str | None = None,
@@ -279,12 +278,13 @@ def probe_devices(
     profile = load_profile(declared.profile, env) if declared.profile else None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
     host = probe_host(proc_cgroup=roots.proc_cgroup, cgroup_root=roots.cgroup_root)
+    drivers = driver_state(roots)
     llama: LlamaProbe | None = None
     if binary is None:
         llama_note = f"llama.cpp's own device list is not known: {binary_note or 'no binary given'}"
     else:
         try:
-            llama = probe_llama(binary, env=env, cache=cache, refresh=refresh)
+            llama = probe_llama(binary, env=env, cache=cache, refresh=refresh, drivers=drivers)
             llama_note = llama.listed.problem or ""
         except (OSError, SafeLlamaError) as err:
             llama_note = f"could not run {binary} --list-devices: {err}"
@@ -296,18 +296,35 @@ def probe_devices(
     else:
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
-    target = resolve_target(
-        request=request,
-        listed=llama.listed if llama is not None else None,
-        opencl=opencl,
-        sysfs=sysfs,
-        host_total=host.total_bytes,
-        declared=declared,
-        profile=profile,
-        profiles=load_profiles(env) if profile is None else (),
-        env=env,
-        rules=backend_rules(env),
-    )
+    vulkan, vulkan_cached = None, False
+    if any(d.backend == "vulkan" for d in (llama.listed.devices if llama else ())) or "Vulkan" in str(request.devices):
+        gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
+        vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
+    free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root)
+
+    def resolve(llama: LlamaProbe | None) -> TargetDevice:
+        return resolve_target(
+            request=request,
+            listed=llama.listed if llama is not None else None,
+            opencl=opencl,
+            sysfs=sysfs,
+            host_total=host.total_bytes,
+            declared=declared,
+            profile=profile,
+            profiles=load_profiles(env) if profile is None else (),
+            env=env,
+            rules=backend_rules(env),
+            free_now=free.readings,
+            listing_age=time.time() - llama.probed_at if llama is not None else None,
+            vulkan=vulkan,
+        )
+
+    target = resolve(llama)
+    if binary is not None and llama is not None and llama.cached and needs_free_now(target):
+        # no vendor interface answered for this GPU: llama.cpp's own listing is the free figure, so it is run
+        # again now (what another program holds changes between launches)
+        llama = probe_llama(binary, env=env, cache=cache, refresh=True, drivers=drivers)
+        target = resolve(llama)
     return DeviceReport(
         target=target,
         host=host_budget(host, declared),
@@ -320,63 +337,40 @@ def probe_devices(
         declared=declared,
         profile=profile,
         rpc=probe_rpc(binary, rpc_servers, env=env) if binary is not None and rpc_servers else None,
+        free=free,
+        vulkan=vulkan,
+        vulkan_cached=vulkan_cached,
     )
+
+
+def needs_free_now(target: TargetDevice) -> bool:
+    """A GPU with memory of its own whose free figure is not a vendor reading taken now."""
+    integrated = target.integrated is not None and target.integrated.value
+    return not target.on_host and not integrated and target.listed is not None and not target.free_is_vendor
+
+
+def free_again(
+    device: TargetDevice, binary: Path | None, env: Mapping[str, str], roots: ProbeRoots = DEFAULT_ROOTS
+) -> tuple[Sourced[int], bool] | None:
+    """The device's free memory read again now (after a failed start): the vendor's reading, else llama.cpp's
+    listing run again (True: the figure is the listing's); None when neither knows the device."""
+    if device.listed is None:
+        return None
+    sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
+    free = read_free(sysfs, ListedDevices((device.listed,)), roots.sys_root)
+    reading, _ = match_reading(device.listed, device.pci, free.readings, env)
+    if reading is not None:
+        figure = free_figure(device.listed, reading, listing_age=None)
+        return (figure, False) if figure is not None else None
+    if binary is None:
+        return None
+    try:
+        llama = probe_llama(binary, env=env, cache=cache_dir(env) / "probe", refresh=True, drivers=driver_state(roots))
+    except (OSError, SafeLlamaError):
+        return None
+    again = next((d for d in llama.listed.devices if d.name == device.listed.name), None)
+    figure = free_figure(again, None, listing_age=None)
+    return (figure, True) if figure is not None else None
 
 
 # ------------------------------------------------------------------------------------------ rendering
-
-
-def declared_limits(
-    *,
-    profile: str | None = None,
-    max_alloc: str | None = None,
-    device_memory: str | None = None,
-    integrated: bool | None = None,
-    host_memory: str | None = None,
-    rpc_memory: str | None = None,
-    origins: Mapping[str, str] | None = None,
-) -> DeclaredLimits:
-    """DeclaredLimits from command-line text; a bad size is a usage error naming where it was set
-    (`origins`: setting name -> SAFE_LLAMA_* or the config file, when not its option)."""
-    where = dict(origins or {})
-
-    def size(option: str, text: str | None) -> int | None:
-        if text is None:
-            return None
-        option = where.get(option.removeprefix("--").replace("-", "_"), option)
-        try:
-            value = parse_bytes(text)
-        except ValueError as err:
-            raise SafeLlamaError(f"safe-llama: {option}: {err}", ExitStatus.USAGE) from None
-        if value <= 0:
-            raise SafeLlamaError(f"safe-llama: {option}: must be more than 0", ExitStatus.USAGE)
-        return value
-
-    return DeclaredLimits(
-        profile=profile,
-        max_alloc_bytes=size("--max-alloc", max_alloc),
-        memory_bytes=size("--device-memory", device_memory),
-        integrated=integrated,
-        host_memory_bytes=size("--host-memory", host_memory),
-        rpc_memory=_rpc_memory(rpc_memory, where.get("rpc_memory", "--rpc-memory"), size),
-        origins=tuple(sorted(where.items())),
-    )
-
-
-def _rpc_memory(
-    text: str | None, option: str, size: Callable[[str, str | None], int | None]
-) -> tuple[tuple[str, int], ...]:
-    """`HOST:PORT=SIZE[,HOST:PORT=SIZE...]`: what each RPC worker may hold."""
-    if not text:
-        return ()
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",")):
-        endpoint, eq, amount = part.rpartition("=")
-        if not eq or not endpoint or ":" not in endpoint:
-            raise SafeLlamaError(
-                f"safe-llama: {option}: '{part}' is not HOST:PORT=SIZE (e.g. 10.0.0.2:50052=12G)", ExitStatus.USAGE
-            )
-        value = size(option, amount)
-        assert value is not None
-        out[endpoint.strip()] = value
-    return tuple(sorted(out.items()))

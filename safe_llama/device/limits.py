@@ -17,6 +17,7 @@ Source = Literal["probed", "declared", "profile", "learned"]  # learned: read fr
 
 
 INTEL = 0x8086
+NVIDIA = 0x10DE
 
 
 INTEL_PLATFORM_VENDOR = "Intel(R) Corporation"  # OpenVINO's GPU plugin puts this platform first

@@ -6,12 +6,14 @@ Owns that estimate; must not place it (plan.memory does) nor read anything but t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import STATE_KINDS, KvPlan, KvRequest, row_bytes
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
+from safe_llama.plan.target import Target
 
 
 def compute_estimate(
@@ -22,6 +24,7 @@ def compute_estimate(
     kv_f16_copies: bool = False,
     kv_on_host: bool = False,
     costs: ComputeCosts | None = None,
+    expert_ff: int = 0,
 ) -> int:
     """An upper estimate of the compute buffers llama.cpp reserves for its worst-case graph (the
     `sched_reserve: <device> compute buffer size` lines), after src/llama-context.cpp graph_reserve:
@@ -40,12 +43,17 @@ def compute_estimate(
     - with `kv_f16_copies` and `kv_on_host` (the KV in host memory, -ngl 0 or -nkvo, while the device runs
       the attention: llama.cpp's op offload): one layer's K and V copied to the device in their cache types
       as well (measured on the H200 at -ngl 0: 45,688.25 MiB at 1,832,448 cells of q8_0, 26,144 bytes per
-      cell = 2 x 4,352 copied + 2 x 8,192 f16 + 1,024 mask + the fixed part).
+      cell = 2 x 4,352 copied + 2 x 8,192 f16 + 1,024 mask + the fixed part);
+    - with MoE experts on the device (`expert_ff`: n_expert x the experts' n_ff, see expert_ff_width): the
+      experts' activations for every expert, as n_ff in the activations above (measured on an H200 with
+      CUDA: 16 experts of n_ff 2048, n_embd 2048, -ub 512, -c 8192: a 296.01 MiB compute buffer where the
+      dense terms give 56 MiB; 16 x 2048 x 512 x 16 bytes more bounds it). With every expert on the host
+      (-cmoe) the device's buffer had no such part (27,665.28 against 27,661.03 MiB dense, issue 13).
     """
     costs = costs or packaged_compute_costs()
     ctx = kv.context
     n_embd = facts.embedding_length
-    n_ff = max(facts.feed_forward_length, n_embd)
+    n_ff = max(facts.feed_forward_length, n_embd, expert_ff)
     n_kv = _n_kv(kv)
     per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
     mask = _attention_bytes(facts, kv)
@@ -85,6 +93,37 @@ def split_compute(facts: ModelFacts, kv: KvPlan, req: KvRequest | None, costs: C
     per_token = costs.split_bytes_per_token + costs.split_bytes_per_embd * facts.embedding_length
     per_token += costs.split_bytes_per_ff * max(facts.feed_forward_length, facts.embedding_length)
     return kv.context.n_ubatch * per_token + _attention_bytes(facts, kv)
+
+
+def expert_ff_width(facts: ModelFacts) -> int:
+    """n_expert x n_ff of the experts, from the largest up-projection of experts (its rows are n_embd wide)."""
+    types = dict(zip((name for name, _ in facts.tensors), facts.tensor_types, strict=False))
+    widest = 0
+    for name, size in facts.tensors:
+        if name.endswith(("ffn_up_exps.weight", "ffn_gate_up_exps.weight")):
+            row = row_bytes(types.get(name, "f32"), facts.embedding_length)
+            widest = max(widest, size // row if row else 0)
+    return widest
+
+
+def device_compute(
+    facts: ModelFacts, kv: KvPlan, req: KvRequest, target: Target, placed: Sequence[str], compute: int
+) -> dict[str, int]:
+    """The compute buffer of each device that runs layers in a layer split (placed: each layer's place, the
+    output layer last). CPU devices (RPC workers under a CPU-only head): each from its own place, the first
+    taking the host's inputs and the output layer's the logits ([compute] split_*); otherwise `compute`, the
+    whole graph's estimate, on each."""
+    holders = [p for p in dict.fromkeys(placed[:-1]) if p != "host"]
+    costs = target.compute_costs or packaged_compute_costs()
+    if target.on_gpu or not costs.split_bytes_per_token:
+        return {place: compute for place in holders}
+    own = split_compute(facts, kv, req, costs) + target.compute_extra
+    first = costs.split_first_bytes_per_embd * facts.embedding_length * kv.context.n_ubatch
+    logits = logits_bytes(facts, kv, req)
+    return {
+        place: own + (first if i == 0 else 0) + (logits if placed[-1] == place else 0)
+        for i, place in enumerate(holders)
+    }
 
 
 def input_mask_bytes(kv: KvPlan) -> int:

@@ -12,19 +12,14 @@ from dataclasses import dataclass, field, replace
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
-from safe_llama.plan.compute import (
-    compute_estimate,
-    host_compute_estimate,
-    input_mask_bytes,
-    logits_bytes,
-    packaged_compute_costs,
-    split_compute,
-)
+from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
+from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import (
     Override,
     balanced_split,
     device_names,
+    experts_on_devices,
     free_split,
     layer_places,
     memory_of,
@@ -101,6 +96,7 @@ def _model_memory(
     kv: KvPlan | None,
     kv_offload: bool,
     repack_types: frozenset[str] = frozenset(),
+    max_tensor: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
     CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
@@ -109,7 +105,7 @@ def _model_memory(
     # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
     offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
     places = layer_places(n_layer, offloaded, devices, split)
-    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types)
+    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor)
     out = {place: dict(items) for place, items in weights.items()}
 
     def add(place: str, item: str, size: int) -> None:
@@ -165,13 +161,23 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     costs = target.compute_costs
     # the whole KV in host memory while a device runs the graph (its op offload copies K and V over)
     kv_on_host = main != "host" and layout.op_offload and (not kv_offload or settings.n_gpu_layers == 0)
-    compute = compute_estimate(
-        facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, kv_on_host=kv_on_host, costs=costs
-    )
-    compute += target.compute_extra
     n_layer = max(facts.block_count, 1)
     ngl = settings.n_gpu_layers
     offloaded = n_layer + 1 if ngl is None or ngl < 0 else min(ngl, n_layer + 1)
+    split = layout.tensor_split or free_split(target, devices)
+    expert_ff = 0
+    if main != "host" and experts_on_devices(facts, layout.overrides, layer_places(n_layer, offloaded, devices, split)):
+        expert_ff = expert_ff_width(facts)
+    compute = compute_estimate(
+        facts,
+        kv,
+        settings.kv,
+        kv_f16_copies=target.kv_f16_copies,
+        kv_on_host=kv_on_host,
+        costs=costs,
+        expert_ff=expert_ff,
+    )
+    compute += target.compute_extra
     # several devices running all layers: llama.cpp pipelines them, each keeping copies of its graph inputs
     pipelined = (
         len(devices) > 1
@@ -181,12 +187,14 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         and not layout.overrides
     )
     copies = (target.pipeline_copies - 1) * input_mask_bytes(kv) if pipelined else 0
-    split = layout.tensor_split or free_split(target, devices)
     if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
         chosen = planned_split(facts, settings, target)
         split = tuple(float(x) for x in chosen) if chosen is not None else split
     repack = target.cpu_repack_types
-    out = _model_memory(facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack)
+    max_tensor = target.max_tensor.value if target.max_tensor is not None else None
+    out = _model_memory(
+        facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack, max_tensor
+    )
     out.setdefault("host", {})
 
     def add(place: str, item: str, size: int) -> None:
@@ -201,22 +209,8 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     if len(devices) > 1:
         # every device that runs layers reserves its own graph (with its copies of the inputs, pipelined)
         placed = layer_places(n_layer, offloaded, devices, split)
-        holders = set(placed[:n_layer])
-        split_costs = costs or packaged_compute_costs()
-        own = None
-        if not target.on_gpu and split_costs.split_bytes_per_token:
-            own = split_compute(facts, kv, settings.kv, split_costs) + target.compute_extra
-        first = next((p for p in placed[:n_layer] if p != "host"), None)
-        for place in devices:
-            if place not in holders:
-                continue
-            if own is None:
-                add(place, "compute", compute + copies)
-                continue
-            # a CPU device's graph from its own place in the split: the first one takes the host's inputs
-            extra = split_costs.split_first_bytes_per_embd * facts.embedding_length * kv.context.n_ubatch
-            logits = logits_bytes(facts, kv, settings.kv) if placed[n_layer] == place else 0
-            add(place, "compute", own + copies + logits + (extra if place == first else 0))
+        for place, size in compute_by_device(facts, kv, settings.kv, target, placed[: n_layer + 1], compute).items():
+            add(place, "compute", size + copies)
     else:
         add(main, "compute", compute)
     for remote in target.remote:
@@ -232,7 +226,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
         draft = layout.draft
         draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor
         )
         for place, items in part.items():
             for item, size in items.items():
@@ -272,8 +266,12 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
     offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
     device_share = offloaded / n_layer if kv_on_device else 0.0
     split = kv_splits(target, policy)
+    if kv_on_device and target.max_tensor is not None and offloaded:
+        out.extend(_tensor_limits(kv, target.max_tensor, n_ctx))
     if kv_on_device and target.max_alloc is not None and offloaded:
         margin = policy.per_backend(policy.max_alloc_margin, target.backend)
+        if target.max_alloc.detail.startswith("GGML_VK_FORCE"):
+            margin = 0  # ggml compares a buffer with the forced size to the byte (ggml_vk_create_buffer)
         limit = target.max_alloc.value - margin
         limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
         per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
@@ -281,7 +279,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         if margin:
             limit_name += f" less {human(margin)} margin"
         for cache in kv.caches:
-            sizes = buffers(cache.tensor_bytes, target.max_alloc.value if split else None)
+            sizes = buffers(cache.tensor_bytes, (target.alloc_block or target.max_alloc.value) if split else None)
             for i, size in enumerate(sizes):
                 label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
                 subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
@@ -330,12 +328,9 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         if limit.kind == "address space":
             # every mapping counts: the whole file when mapped, reserved but untouched buffers, thread stacks
             # and malloc arenas (the fixed overhead), the tokenizer, and llama-server's per-cell bookkeeping
-            overhead = policy.per_backend(policy.address_space_overhead, target.backend)
+            overhead = policy.address_space_fixed(target.backend, settings.kv.tool)
             overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.address_space_per_cell * kv.context.n_ctx
-            if settings.kv.tool == "server":
-                # the task loop's thread, made after `model loaded`: short of it the server aborts unserved
-                overhead += policy.address_space_server_loop
             weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)
             # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
             kept = int(policy.address_space_margin * target.margin_scale)
@@ -370,6 +365,32 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             )
         )
     return tuple(out)
+
+
+def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[Allocation]:
+    """Each cache's largest K and V tensor (one layer's, every stream) against the largest tensor the device's
+    operations take: above it llama.cpp aborts ("pre-allocated tensor (cache_k_l0) in a buffer (Vulkan0) that
+    cannot run the operation"). ggml compares the tensor's bytes to the limit exactly: no margin."""
+    out = []
+    words = f"the device's {human(max_tensor.value)} limit per tensor ({_origin(max_tensor)})"
+    for cache in kv.caches:
+        if cache.kind == "recurrent":
+            continue
+        # K then V per layer; an MLA cache and the indexer hold K only
+        parts = (
+            (("K", cache.tensor_bytes[0::2]), ("V", cache.tensor_bytes[1::2]))
+            if cache.v_bytes
+            else (("K", cache.tensor_bytes),)
+        )
+        for part, sizes in parts:
+            if not sizes:
+                continue
+            largest = max(sizes)
+            label = f"KV {cache.kind} {part} tensor of one layer"
+            subject = f"one layer's {part} cache" + (f" ({cache.kind})" if len(kv.caches) > 1 else "")
+            name = f"largest device tensor {human(max_tensor.value)} ({max_tensor.source})"
+            out.append(Allocation(label, largest, max_tensor.value, name, subject, words, n_ctx))
+    return out
 
 
 _PLAIN = frozenset({"weights", "kv", "compute"})

@@ -7,15 +7,17 @@ Owns the choice of settings. Pure: every input is a value (facts, target, policy
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from safe_llama.cmdline.request import EXPERT_REGEX
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, ctx_unit, plan_kv
 from safe_llama.plan.memory import Allocation, Layout, Settings, allocations, planned_split
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.split import device_names
+from safe_llama.plan.split import Override, device_names
 from safe_llama.plan.target import STATEFUL_ENV, Target, atoi
 from safe_llama.units import human
 
@@ -80,6 +82,76 @@ def largest_ctx(
         else:
             hi = mid - 1
     return lo * unit
+
+
+def layers_words(ngl: int, n_layer: int) -> str:
+    """What -ngl N offloads, as llama.cpp counts it: the output layer first, then the last repeating layers."""
+    if ngl <= 0:
+        return "no layer"
+    if ngl > n_layer:
+        return f"all {n_layer} layers and the output layer"
+    return f"{ngl - 1} of {n_layer} layers and the output layer"
+
+
+def _expert_layers(facts: ModelFacts) -> int:
+    """How many of the first layers hold MoE experts (llama.cpp's -ncmoe counts from layer 0)."""
+    found = [
+        int(name.split(".")[1])
+        for name, _ in facts.tensors
+        if name.startswith("blk.") and re.search(r"^blk\.\d+" + EXPERT_REGEX, name)
+    ]
+    return max(found) + 1 if found else 0
+
+
+def _with_ncmoe(settings: Settings, user: tuple[Override, ...], n: int) -> Settings:
+    # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
+    rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
+    return replace(settings, layout=replace(settings.layout, overrides=rules))
+
+
+def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest n in [lo, hi] with ok(n), for ok false below some n and true from there on."""
+    if not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _weights_off(
+    facts: ModelFacts, settings: Settings, target: Target, policy: Policy
+) -> tuple[Settings, dict[str, str], str]:
+    """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
+    that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
+    n_layer = max(facts.block_count, 1)
+    user = settings.layout.overrides
+    changes: dict[str, str] = {}
+    moved: list[str] = []
+    experts = _expert_layers(facts)
+    if experts:
+        n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy))
+        n = experts if n is None else n
+        if n:
+            settings = _with_ncmoe(settings, user, n)
+            changes["--n-cpu-moe"] = str(n)
+            moved.append(f"-ncmoe {n}: the experts of {n} of {experts} layers in host memory")
+    if not _fits(facts, settings, target, policy):
+        current = n_layer + 1 if settings.n_gpu_layers is None else min(settings.n_gpu_layers, n_layer + 1)
+        fewest_off = _smallest(
+            0, current, lambda off: _fits(facts, replace(settings, n_gpu_layers=current - off), target, policy)
+        )
+        ngl = 0 if fewest_off is None else current - fewest_off
+        settings = replace(settings, n_gpu_layers=ngl)
+        changes["--gpu-layers"] = str(ngl)
+        moved.append(f"-ngl {ngl}, {layers_words(ngl, n_layer)} on the GPU")
+    elif settings.n_gpu_layers is None:
+        settings = replace(settings, n_gpu_layers=n_layer + 1)  # every layer, said explicitly: -fit off
+        changes["--gpu-layers"] = str(n_layer + 1)
+    return settings, changes, " and ".join(moved)
 
 
 def _kv_quant_ok(facts: ModelFacts, type_name: str) -> bool:
@@ -194,6 +266,23 @@ def plan(
             env[STATEFUL_ENV] = "1"
             extra = ", one slot (-np 1) as it requires" if "--parallel" in changes else ""
             taken.append(Step("stateful", f"{describe(worst)}: keeping the KV in host RAM ({STATEFUL_ENV}=1){extra}"))
+        elif step == "weights":
+            if not target.on_gpu or target.integrated or (policy.keep_user_ngl and user_ngl is not None):
+                continue
+            probe_ctx = min(asked_ctx, floor)
+            if _fits(facts, replace(settings, kv=replace(settings.kv, n_ctx=probe_ctx)), target, policy):
+                continue  # the weights fit: what does not is the KV's, for the steps after this one
+            # sized for the context the user asked with -c; without -c, for the floor (the ctx step grows it)
+            place_ctx = asked_ctx if request.n_ctx not in (None, 0) else probe_ctx
+            placed = replace(settings, kv=replace(settings.kv, n_ctx=place_ctx))
+            worst = _worst(allocations(facts, placed, target, policy))
+            moved_settings, moved, words = _weights_off(facts, placed, target, policy)
+            settings = replace(moved_settings, kv=settings.kv)
+            changes.update(moved)
+            yours = ""
+            if user_ngl is not None and "--gpu-layers" in moved and int(moved["--gpu-layers"]) < user_ngl:
+                yours = f" (your -ngl {user_ngl} taken as 'as many as fit'; keep_user_ngl = true keeps it)"
+            taken.append(Step("weights", f"{describe(worst)}: {words}{yours}"))
         elif step in ("kv-q8", "kv-q4"):
             new_type = "q8_0" if step == "kv-q8" else "q4_0"
             kv = settings.kv
@@ -228,7 +317,7 @@ def plan(
             ctx_reason = f"{describe(worst)}: -c "
             taken.append(Step("ctx", f"{ctx_reason}{chosen}, the largest that fits"))
         elif step == "ngl":
-            if not target.on_gpu or target.integrated:
+            if not target.on_gpu or target.integrated or (policy.keep_user_ngl and user_ngl is not None):
                 continue
             n_layer = facts.block_count
             current = n_layer if settings.n_gpu_layers is None else settings.n_gpu_layers
@@ -241,7 +330,7 @@ def plan(
             settings = replace(settings, n_gpu_layers=chosen_ngl)
             changes["--gpu-layers"] = str(chosen_ngl)
             taken.append(
-                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {chosen_ngl} of {n_layer} layers on the GPU")
+                Step("ngl", f"{describe(worst)}: -ngl {chosen_ngl}, {layers_words(chosen_ngl, n_layer)} on the GPU")
             )
     if ctx_applied and _fits(facts, settings, target, policy):
         # a later step freed memory: give the context back, up to what was asked

@@ -6,7 +6,7 @@ Owns reading and validating the policy; what the values mean is the planner's bu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 if TYPE_CHECKING:
     from fractions import Fraction
 
-STEPS = ("stateful", "kv-q8", "kv-q4", "ctx", "ngl")
+STEPS = ("stateful", "weights", "kv-q8", "kv-q4", "ctx", "ngl")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class Policy:
     cpu_repack_types: frozenset[str] = frozenset()
     rpc_worker_overhead: int = 0  # what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # the graph inputs' copies when llama.cpp pipelines layers over several devices
+    # what a GPU backend's runtime holds on the device once a process starts (CUDA's context): the free figure
+    # read before the start is reduced by it
+    device_runtime: Mapping[str, int] = field(default_factory=dict)
+    device_context: Mapping[str, int] = field(default_factory=dict)  # the part a listing's free figure lacks
+    keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
 
     @property
     def failed_alloc_share(self) -> Fraction:
@@ -68,6 +73,12 @@ class Policy:
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
         return table.get(backend, table.get("default"))
+
+    def address_space_fixed(self, backend: str, tool: str) -> int:
+        """The fixed part of the address space a llama.cpp process maps beside its buffers; llama-server's
+        also holds its task loop's thread, made after `model loaded` (short of it, it aborts unserved)."""
+        fixed = int(self.per_backend(self.address_space_overhead, backend))
+        return fixed + (self.address_space_server_loop if tool == "server" else 0)
 
     def ladder_for(self, backend: str, tool: str) -> tuple[str, ...]:
         for key in (f"{backend}.{tool}", backend, "default"):
@@ -126,7 +137,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
             return f"{user_config}: [planner] {key}{'.' + sub if sub else ''}"
         return f"{path}: {key}{'.' + sub if sub else ''}"
 
-    def field(key: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
+    def setting(key: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
         try:
             value = raw[key] if default is None else raw.get(key, default)
             return convert(value)
@@ -145,7 +156,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
                 ladder[key] = tuple(value)
         return ladder
 
-    ladder = field("ladder", ladder_of)
+    ladder = setting("ladder", ladder_of)
     for key, steps in ladder.items():
         bad = [s for s in steps if s not in STEPS]
         if bad:
@@ -154,23 +165,23 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
                 ExitStatus.BAD_CONFIG,
             )
     return Policy(
-        ctx_floor=field("ctx_floor", int),
-        skip_llama_fit=field("skip_llama_fit", bool),
-        max_alloc_margin=field("max_alloc_margin_bytes", lambda t: {k: int(v) for k, v in t.items()}),
-        memory_margin_fraction=field("memory_margin_fraction", lambda t: {k: float(v) for k, v in t.items()}),
-        process_overhead=field("process_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
-        address_space_overhead=field("address_space_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
-        address_space_per_vocab_token=field("address_space_bytes_per_vocab_token", int, 0),
-        address_space_per_cell=field("address_space_bytes_per_cell", int, 0),
-        address_space_margin=field("address_space_margin_bytes", int, 0),
-        address_space_server_loop=field("address_space_server_loop_bytes", int, 0),
-        kv_split=field("kv_split", dict),
+        ctx_floor=setting("ctx_floor", int),
+        skip_llama_fit=setting("skip_llama_fit", bool),
+        max_alloc_margin=setting("max_alloc_margin_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        memory_margin_fraction=setting("memory_margin_fraction", lambda t: {k: float(v) for k, v in t.items()}),
+        process_overhead=setting("process_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        address_space_overhead=setting("address_space_overhead_bytes", lambda t: {k: int(v) for k, v in t.items()}),
+        address_space_per_vocab_token=setting("address_space_bytes_per_vocab_token", int, 0),
+        address_space_per_cell=setting("address_space_bytes_per_cell", int, 0),
+        address_space_margin=setting("address_space_margin_bytes", int, 0),
+        address_space_server_loop=setting("address_space_server_loop_bytes", int, 0),
+        kv_split=setting("kv_split", dict),
         ladder=ladder,
-        malloc_arena_max=field("malloc_arena_max", int, 0),
-        openvino_q8=field("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
-        failed_alloc_share_value=field("failed_alloc_share", _share),
-        kv_f16_copy_backends=field("compute", lambda t: tuple(str(b) for b in t["kv_f16_copies"])),
-        compute=field(
+        malloc_arena_max=setting("malloc_arena_max", int, 0),
+        openvino_q8=setting("quantized_kv", lambda t: bool(t.get("openvino_q8", False)), {}),
+        failed_alloc_share_value=setting("failed_alloc_share", _share),
+        kv_f16_copy_backends=setting("compute", lambda t: tuple(str(b) for b in t["kv_f16_copies"])),
+        compute=setting(
             "compute",
             lambda t: ComputeCosts(
                 int(t["activation_bytes_per_embd"]),
@@ -182,9 +193,12 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
                 int(t.get("split_first_bytes_per_embd", 0)),
             ),
         ),
-        process_per_vocab_token=field("process_bytes_per_vocab_token", int, 0),
-        process_per_cell=field("process_bytes_per_cell", int, 0),
-        cpu_repack_types=field("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),
-        rpc_worker_overhead=field("rpc_worker_overhead_bytes", int, 0),
-        pipeline_copies=field("pipeline_copies", int, 1),
+        process_per_vocab_token=setting("process_bytes_per_vocab_token", int, 0),
+        process_per_cell=setting("process_bytes_per_cell", int, 0),
+        cpu_repack_types=setting("cpu_repack_types", lambda t: frozenset(str(x).lower() for x in t), []),
+        rpc_worker_overhead=setting("rpc_worker_overhead_bytes", int, 0),
+        pipeline_copies=setting("pipeline_copies", int, 1),
+        device_runtime=setting("device_runtime_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
+        device_context=setting("device_context_bytes", lambda t: {k: int(v) for k, v in t.items()}, {}),
+        keep_user_ngl=setting("keep_user_ngl", bool, False),
     )

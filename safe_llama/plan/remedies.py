@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
-from safe_llama.cmdline.request import Request
+from safe_llama.cmdline.request import Request, to_request
 from safe_llama.device.binaries import TOOL_BINARY
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
-from safe_llama.model.kv import plan_kv
+from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
 from safe_llama.plan.memory import Settings, allocations
 from safe_llama.plan.planner import Plan, describe, plan
 from safe_llama.plan.policy import Policy
@@ -149,20 +149,40 @@ def step_notes(
     return notes
 
 
+def _batch_remedy(run: FailedCommand) -> Remedy | None:
+    """A smaller micro-batch than the failed run's own (its -ub, capped by its -b as llama.cpp caps it): the
+    compute buffers are sized for one micro-batch. llama.cpp's default when the run's was larger, else half."""
+    cmd = parse(run.tool, run.args, run.env)
+    try:
+        kv = to_request(cmd).kv
+    except (SafeLlamaError, ValueError):
+        kv = KvRequest(tool=run.tool)
+    # llama.cpp's micro-batch: -ub, capped by -b, and -b by the context
+    sizes = {"-ub": kv.n_ubatch or kv.n_batch, "-b": kv.n_batch, "-c": kv.n_ctx or kv.n_batch}
+    current = min(sizes.values())
+    smaller = DEFAULT_N_UBATCH if current > DEFAULT_N_UBATCH else current // 2
+    if smaller < 1:
+        return None  # a micro-batch of one token: only a smaller context is left (the ctx remedies)
+    bound = next(flag for flag, size in sizes.items() if size == current)
+    given = bound != "-ub" or cmd.value("--ubatch-size") is not None
+    was = f"{current} tokens ({bound} {current}{'' if given else ', llama.cpp default'})"
+    changes: dict[str, str | bool] = {"--ubatch-size": str(smaller)}
+    return Remedy(
+        "batch",
+        f"a smaller micro-batch: -ub {smaller}",
+        f"the compute buffers are sized for one micro-batch and grow with it and with the context: -ub {smaller} "
+        f"instead of the failed run's {was}; a prompt is then processed in more, smaller steps",
+        ready_command(run, changes, {}),
+        {},
+        changes,
+    )
+
+
 def stage_remedies(stage: str, run: FailedCommand) -> list[Remedy]:
     """For an allocation that was not the KV cache: the compute buffers, the weights."""
     if stage == "compute":
-        return [
-            Remedy(
-                "batch",
-                "smaller batches or context",
-                "the compute buffers grow with -ub (and -b) and with the context: llama.cpp's defaults are "
-                "-b 2048 -ub 512",
-                ready_command(run, {"--ubatch-size": "512", "--batch-size": "2048"}, {}),
-                {},
-                {"--ubatch-size": "512", "--batch-size": "2048"},
-            )
-        ]
+        batch = _batch_remedy(run)
+        return [] if batch is None else [batch]
     if stage == "weights":
         return [
             Remedy(

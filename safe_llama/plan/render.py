@@ -94,7 +94,10 @@ def decision_result(
             "on_gpu": target.on_gpu,
             "integrated": target.integrated,
             "max_alloc": _sourced(target.max_alloc),
+            "max_tensor": _sourced(target.max_tensor),
             "device_memory": _sourced(target.device_memory),
+            "device_free": _sourced(target.device_free),
+            "device_budget": _sourced(target.device_budget),
             "host_budget": _sourced(target.host_budget),
             "binary_version": target.binary_version,
             "rpc": [

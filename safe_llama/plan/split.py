@@ -43,6 +43,20 @@ def _placed(name: str, overrides: Sequence[Override]) -> Override | None:
     return None
 
 
+def experts_on_devices(facts: ModelFacts, overrides: Sequence[Override], places: Sequence[str]) -> bool:
+    """Whether any MoE expert tensor lands on a device (its layer offloaded and no rule sends it to the host)."""
+    for name, _ in facts.tensors:
+        if "_exps." not in name or not name.startswith("blk."):
+            continue
+        head = name[4:].partition(".")[0]
+        if not head.isdigit() or int(head) >= len(places) or places[int(head)] == "host":
+            continue
+        rule = _placed(name, overrides)
+        if rule is None or not rule.to_host:
+            return True
+    return False
+
+
 # the last weights placement per model: the ladder's context search changes the KV only (the planner's own
 # values: a facts object kept alive here is compared by identity, never by id alone)
 _WEIGHTS: dict[int, tuple[ModelFacts, tuple[object, ...], dict[str, dict[str, int]]]] = {}
@@ -55,8 +69,11 @@ def _weights(
     places: Sequence[str],
     offloaded: int,
     repack_types: frozenset[str],
+    max_tensor: int | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Weights per place (and the host's repacked copies): the part of _model_memory that no KV changes."""
+    """Weights per place (and the host's repacked copies): the part of _model_memory that no KV changes.
+    max_tensor: the largest tensor a device's operations take (Vulkan's storage range): a larger weight stays
+    on the host, as llama.cpp's weight_buft_supported finds."""
     out: dict[str, dict[str, int]] = {}
 
     def add(place: str, item: str, size: int) -> None:
@@ -83,14 +100,21 @@ def _weights(
         rule = _placed(name, overrides)
         if rule is not None:
             place = "host" if rule.to_host else rule.buffer_type
+        if place != "host" and max_tensor is not None and size > max_tensor:
+            place = "host"
         add(place, "weights", size)
         if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
             add(place, "repacked", size)
     names = {name for name, _ in tensors}
-    if devices and offloaded > n_layer and "token_embd.weight" in names and "output.weight" not in names:
+    if devices and places[n_layer] != "host" and "token_embd.weight" in names and "output.weight" not in names:
         # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
-        # device (TENSOR_DUPLICATED); on the host the two are one mapping
-        add(places[n_layer], "weights", dict(tensors)["token_embd.weight"])
+        # device (TENSOR_DUPLICATED), which is offloaded from -ngl 1 on (measured on an H200: -ngl 10 of 24
+        # layers put 9 layers and the 5.11 MiB copy on CUDA0, 3,173.42 MiB); on the host the two are one
+        # mapping, so one too large for the device
+        # is counted once, where it lives
+        embd = dict(tensors)["token_embd.weight"]
+        if max_tensor is None or embd <= max_tensor:
+            add(places[n_layer], "weights", embd)
     return out
 
 
@@ -101,13 +125,14 @@ def placed_weights(
     places: Sequence[str],
     offloaded: int,
     repack_types: frozenset[str],
+    max_tensor: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """_weights, kept for the last few models: the ladder's context search changes the KV only. The caller
     must copy what it changes."""
-    key = (tuple(overrides), tuple(devices), tuple(places), offloaded, repack_types)
+    key = (tuple(overrides), tuple(devices), tuple(places), offloaded, repack_types, max_tensor)
     cached = _WEIGHTS.get(id(facts))
     if cached is None or cached[0] is not facts or cached[1] != key:
-        cached = (facts, key, _weights(facts, overrides, devices, places, offloaded, repack_types))
+        cached = (facts, key, _weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor))
         if len(_WEIGHTS) >= 4:  # a plan's model and draft at most: never more than a few kept
             _WEIGHTS.clear()
         _WEIGHTS[id(facts)] = cached
@@ -233,4 +258,4 @@ def memory_of(target: Target, place: str) -> Sourced[int] | None:
             return remote.memory
     if place == "host" or not target.on_gpu or target.integrated:
         return None
-    return target.device_memory
+    return target.device_budget

@@ -61,6 +61,10 @@ class Target:
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
     max_alloc: Sourced[int] | None = None
+    # the largest tensor the device's operations take (Vulkan: maxStorageBufferRange or the max buffer size):
+    # a larger weight stays on the host, a larger KV tensor aborts the start
+    max_tensor: Sourced[int] | None = None
+    alloc_block: int | None = None  # buffers are packed up to this (Vulkan's suballocation block); None: max_alloc
     device_memory: Sourced[int] | None = None
     kv_split: bool | None = None  # None: decided from the backend and the binary's version
     binary_version: str | None = None
@@ -72,6 +76,30 @@ class Target:
     remote: tuple[RemoteDevice, ...] = ()
     worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
+    # the local GPU's free memory now (NVML, amdgpu's counters, llama.cpp's listing): what another program holds
+    # is not ours to plan with
+    device_free: Sourced[int] | None = None
+    device_free_listed: bool = False  # device_free is llama.cpp's listing (read after it made its context)
+    device_runtime: int = 0  # policy: what the backend's runtime takes on the device at start (its context)
+    device_cap: int | None = None  # a failed start: the device held less than this (learned)
+
+    @property
+    def device_budget(self) -> Sourced[int] | None:
+        """What the plan may put on the local GPU: its memory, or less where another program holds some now
+        (free now less the runtime's own part), or less where a failed start showed it; never above the total.
+        A declared or profile size is the user's word: free memory does not lower it."""
+        memory = self.device_memory
+        if memory is None:
+            return None
+        best = memory
+        if self.device_free is not None and memory.source == "probed":
+            usable = max(self.device_free.value - self.device_runtime, 0)
+            if usable < best.value:
+                runtime = f" less {human(self.device_runtime)} for its runtime" if self.device_runtime else ""
+                best = Sourced(usable, "probed", f"{human(self.device_free.value)} {self.device_free.detail}{runtime}")
+        if self.device_cap is not None and self.device_cap < best.value:
+            best = Sourced(self.device_cap, "learned", f"a start that failed on {self.device or 'the device'}")
+        return best
 
     @property
     def limits_on_host(self) -> tuple[HostLimit, ...]:
@@ -129,7 +157,10 @@ def target_from(
         on_gpu = True
         integrated = bool(profile.integrated)
     max_alloc = device.max_alloc_bytes if on_gpu else None
+    vulkan = device.vulkan if on_gpu else None
     memory = device.memory_bytes if on_gpu and not integrated else None
+    free = device.memory_free_bytes if memory is not None else None
+    listed = free is not None and not device.free_is_vendor
     return Target(
         backend=backend if backend != "unknown" else "cpu",
         host_budget=host.budget_bytes,
@@ -140,7 +171,11 @@ def target_from(
         integrated=integrated,
         device=device.llama_name,
         max_alloc=max_alloc,
+        max_tensor=vulkan.max_tensor if vulkan is not None else None,
+        alloc_block=vulkan.block.value if vulkan is not None else None,
         device_memory=memory,
+        device_free=free,
+        device_free_listed=listed,
         kv_split=kv_split,
         binary_version=binary_version,
         neo_filter=dict(device.neo_filter),

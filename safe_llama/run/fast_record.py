@@ -323,6 +323,8 @@ def build(
         return None
     if prepared.target.remote:  # RPC workers: their devices, memory and presence come from the network
         return None
+    if prepared.target.device_free is not None:  # a GPU's free memory moves with every other program's use
+        return None
     env = recorder.raw
     extra = dict(prepared.plan.env_changes)
     template: list[int | str] = []

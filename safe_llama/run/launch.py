@@ -72,7 +72,7 @@ def run(
     from safe_llama.cmdline.llama_args import redact_argv
     from safe_llama.device.binaries import find_binary
     from safe_llama.run import remember, supervise
-    from safe_llama.run.prepare import final_argv, prepare, replan
+    from safe_llama.run.prepare import final_argv, free_again, prepare, replan
     from safe_llama.run.readiness import HealthProbe, probe_for
     from safe_llama.run.retry import Learned, learn
     from safe_llama.run.signatures import load_table
@@ -115,8 +115,14 @@ def run(
             prepared = replan(prepared, plan_options, env)
             say(f"starting from the plan that worked before ({human(known.kv_bytes)} of KV)")
             recalled = True
+    if prepared is not None and first is None:  # an early start said them already
+        for line in prepared.announce:
+            if recorder is not None:
+                recorder.say(say, line)
+            else:
+                say(line)
     attempt = 0
-    last_kv: tuple[int, int] | None = None
+    last_kv: tuple[int, int, int] | None = None
     learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
     stepped = False  # this attempt's size is a step below an earlier failure
     while True:
@@ -142,10 +148,11 @@ def run(
             argv = final_argv(prepared)
             extra_env = dict(prepared.plan.env_changes)
             kv_now = _footprint(prepared)
-        if last_kv is not None and kv_now is not None and kv_now >= last_kv:
+        if last_kv is not None and kv_now is not None and all(n >= b for n, b in zip(kv_now, last_kv, strict=True)):
             raise SafeLlamaError(
-                f"safe-llama: no plan smaller than the one that failed ({human(last_kv[1])} of KV, "
-                f"{human(last_kv[0])} of it on the device); giving up after {attempt - 1} attempt(s)",
+                f"safe-llama: no plan smaller than the one that failed ({human(last_kv[2])} of KV, "
+                f"{human(last_kv[1])} of it on the device, {human(last_kv[0])} on the device in all); "
+                f"giving up after {attempt - 1} attempt(s)",
                 ExitStatus.RETRIES_EXHAUSTED,
             )
         if first is not None and attempt == 1:
@@ -200,7 +207,11 @@ def run(
             failure,
             learned,
             lower_kv=lower.kv.total_bytes if lower is not None else None,
-            search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION,
+            # the band only below a planned start that failed: after an unplanned one (--no-predict) the next
+            # plan keeps the margin, as a predicted launch does
+            search_band=prepared.target.address_space_budget
+            and tool in _READY_AFTER_EVERY_ALLOCATION
+            and attempt_is_planned(attempt, options),
         )
         learned = lesson.learned
         plan_options = replace(
@@ -209,8 +220,12 @@ def run(
             compute_extra=learned.compute_extra,
             kv_cap=learned.kv_cap,
             margin_scale=_MARGIN_SCALE[learned.margin],
+            device_cap=learned.device_cap,
         )
         say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
+        prepared, moved = free_again(prepared, env)
+        if moved:
+            say(moved)
         prepared = replan(prepared, plan_options, env)
         stepped = _cap_binds(prepared, plan_options, env)
 
@@ -267,18 +282,19 @@ def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
     return options.predict or attempt > 1
 
 
-def _attempted(prepared: Prepared, kv_now: tuple[int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
+def _attempted(prepared: Prepared, kv_now: tuple[int, int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
     """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
     from safe_llama.model.kv import plan_kv
     from safe_llama.plan.compute import compute_estimate
     from safe_llama.run.retry import Attempt
 
     kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
-    kv_bytes = kv_now[1] if kv_now is not None else kv.total_bytes
+    kv_bytes = kv_now[2] if kv_now is not None else kv.total_bytes
     req = prepared.plan.settings.kv if prepared.plan is not None else prepared.request.kv
     target = prepared.target
     estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
-    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped)
+    device = target.device if target.on_gpu and not target.integrated else None
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped, device=device)
 
 
 def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
@@ -295,19 +311,25 @@ def _unplanned(prepared: Prepared) -> Prepared:
     return replace(prepared, plan=None)
 
 
-def _footprint(prepared: Prepared) -> tuple[int, int]:
-    """(KV bytes on the device, KV bytes in all): each attempt must be strictly smaller than the last."""
+def _footprint(prepared: Prepared) -> tuple[int, int, int]:
+    """(bytes planned on the local GPU, KV bytes on the device, KV bytes in all): each attempt must be smaller
+    than the last in one of them."""
+    from safe_llama.plan.memory import memory_by_place
+
     assert prepared.plan is not None
     total = prepared.plan.kv.total_bytes
     on_device = prepared.target.on_gpu and not prepared.plan.settings.stateful
-    return (total if on_device else 0, total)
+    places = memory_by_place(prepared.facts, prepared.plan.settings, prepared.target)
+    device = sum(places.get(prepared.target.device or "", {}).values())
+    return (device, total if on_device else 0, total)
 
 
-def _unplanned_footprint(prepared: Prepared) -> tuple[int, int]:
+def _unplanned_footprint(prepared: Prepared) -> tuple[int, int, int]:
     from safe_llama.model.kv import plan_kv
 
     total = plan_kv(prepared.facts, prepared.request.kv).total_bytes
-    return (total if prepared.target.on_gpu else 0, total)
+    on_device = total if prepared.target.on_gpu else 0
+    return (on_device, on_device, total)
 
 
 def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None) -> int:

@@ -17,6 +17,7 @@ from safe_llama.cmdline.request import to_request
 from safe_llama.device.list_devices import parse_list_devices
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.kv import resolve_context
+from safe_llama.run.own_lines import OwnLine, OwnTable, own_text
 from safe_llama.run.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -117,6 +118,17 @@ class LogReading:
     refused_device: str | None  # GGML_OPENVINO_DEVICE=X that the OpenVINO backend refused
     available_devices: tuple[tuple[str, str], ...]  # what OpenVINO offered instead
     error_lines: tuple[str, ...]
+    own: tuple[OwnLine, ...] = ()  # safe-llama's own lines (its plan, retries, the line it exited with)
+    started_line: int | None = None  # the last line showing the tool ready or generating
+
+    @property
+    def own_exit(self) -> OwnLine | None:
+        """The line safe-llama exited with, when the log has one."""
+        return next((o for o in reversed(self.own) if o.exit is not None), None)
+
+    @property
+    def retries(self) -> tuple[OwnLine, ...]:
+        return tuple(o for o in self.own if o.kind == "retry")
 
 
 def _level(raw: str) -> str | None:
@@ -146,9 +158,14 @@ def parse_command(line: str) -> tuple[str, tuple[str, ...], dict[str, str]] | No
     return tool, parse(tool, tokens, {}).known_argv, env
 
 
-def read_log(text: str, table: SignatureTable) -> LogReading:
+def read_log(text: str, table: SignatureTable, own_table: OwnTable | None = None) -> LogReading:
     """Everything explain needs from a log's text. Leading lines starting with '#' are a person's notes
-    (as in tests/fixtures/logs/): they are never matched against signatures, only read for a command line."""
+    (as in tests/fixtures/logs/): they are never matched against signatures, only read for a command line.
+    safe-llama's own lines are named by own_table and never matched as llama.cpp's (a retry line quotes
+    llama.cpp's failure)."""
+    own_table = own_table or OwnTable()
+    own: list[OwnLine] = []
+    started_line: int | None = None
     lines = _NEWLINE.split(text)
     found: dict[str, Any] = {}
     matches: list[Match] = []
@@ -170,6 +187,10 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
     for number, raw in enumerate(lines[annotations:], start=annotations + 1):
         line = clean_line(raw[:MAX_LINE])
         if not line:
+            continue
+        said = own_text(line)
+        if said is not None:
+            own.append(own_table.match(said, number))
             continue
         for name, pattern in _PHASES:
             if pattern.search(line):
@@ -193,6 +214,8 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
             listed = parse_list_devices("", "\n".join(lines[number - 1 : number + 20]))
             refused, available = refusal.group("device"), listed.openvino_available
         _read_facts(line, number, found)
+        if _STARTED.search(line):
+            started_line = number
         tools.update(name for name, pattern in _TOOL_MARKS if pattern.search(line))
         backends.extend((name, f"line {number}") for name, pattern in _BACKEND_MARKS if pattern.search(line))
         if level is None and not match:
@@ -207,11 +230,16 @@ def read_log(text: str, table: SignatureTable) -> LogReading:
         facts=facts,
         matches=tuple(matches),
         failure=failure,
-        stage=_PHASE_STAGE.get(phase_at_failure or "") if failure is not None and failure.memory else None,
+        # what the deciding line itself says it was for (a KV tensor's name) over the phase it came in
+        stage=(failure.stage or _PHASE_STAGE.get(phase_at_failure or ""))
+        if failure is not None and failure.memory
+        else None,
         abort=abort,
         refused_device=refused,
         available_devices=available,
         error_lines=tuple(errors),
+        own=tuple(own),
+        started_line=started_line,
     )
 
 

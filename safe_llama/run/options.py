@@ -33,7 +33,7 @@ def plan_options(
     rpc_memory: str | None = None,
     origins: Mapping[str, str] | None = None,
 ) -> PlanOptions:
-    from safe_llama.device.devices import declared_limits
+    from safe_llama.device.declared import declared_limits
     from safe_llama.plan.policy import STEPS
 
     steps = None

@@ -10,9 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
+from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
@@ -22,7 +24,7 @@ from safe_llama.model.kv import KvPlan
 from safe_llama.paths import config_dir, configs_dir
 from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
-from safe_llama.plan.policy import load_policy
+from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target, remote_devices, target_from, with_learned, with_worker_caps
 from safe_llama.units import human
@@ -43,6 +45,7 @@ class PlanOptions:
     compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
     margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
     worker_caps: tuple[tuple[str, int], ...] = ()  # after a worker stopped during a start: (host:port, bytes)
+    device_cap: int | None = None  # after a start failed on the local GPU: it held less than this
 
 
 DEFAULT_ATTEMPTS = 4
@@ -71,6 +74,8 @@ class Prepared:
     source: ModelSource | None = None  # None: no source given, the bundled model
     layout: Layout = field(default_factory=Layout)
     notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
+    announce: tuple[str, ...] = ()  # options added to the user's command line, one line each (the bundled chat)
+    device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
@@ -143,8 +148,14 @@ def prepare(
     cmd = parse(tool, args, env)
     rpc = cmd.value("--rpc")
     servers = rpc if isinstance(rpc, str) and rpc else None
-    req = to_request(cmd)
     source = resolve(cmd, env)
+    announce: tuple[str, ...] = ()
+    if source is None:  # the bundled model: in a chat, what it needs for each reply to end
+        added, line = chat_options(tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml"))
+        if line is not None:
+            args, announce = [*args, *added], (line,)
+            cmd = parse(tool, args, env)
+    req = to_request(cmd)
     path = model_path_for(source, env)
     facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env)
@@ -179,7 +190,9 @@ def prepare(
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
     target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
-    prepared = Prepared(cmd, req, path, facts, target, binary, None, None, source, layout, notes)
+    prepared = Prepared(
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+    )
     return replan(prepared, options, env)
 
 
@@ -199,6 +212,8 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         compute_costs=policy.compute,
         worker_overhead=policy.rpc_worker_overhead,
         pipeline_copies=policy.pipeline_copies,
+        device_runtime=_runtime(policy, target),
+        device_cap=options.device_cap,
     )
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
@@ -221,6 +236,33 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
             raise
         decided, error = None, err
     return replace(prepared, target=target, plan=decided, error=error)
+
+
+def _runtime(policy: Policy, target: Target) -> int:
+    """What the backend's runtime will take on the device, less what a listing's free figure already lacks."""
+    runtime = int(policy.per_backend(policy.device_runtime, target.backend) or 0)
+    if target.device_free_listed:
+        runtime -= int(policy.per_backend(policy.device_context, target.backend) or 0)
+    return max(runtime, 0)
+
+
+def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, str | None]:
+    """The GPU's free memory read again after a failed start (another program may hold more now), and a line
+    saying so when it moved."""
+    from safe_llama.device.devices import free_again as read_again
+
+    before = prepared.target.device_free
+    if before is None or prepared.device is None:
+        return prepared, None
+    again = read_again(prepared.device, prepared.binary, env)
+    if again is None:
+        return prepared, None
+    now, listed = again
+    said = None
+    if abs(now.value - before.value) > before.value // 100:
+        name = prepared.target.device or "the GPU"
+        said = f"{name}: {human(now.value)} free now, {human(before.value)} when planned: planning with it"
+    return replace(prepared, target=replace(prepared.target, device_free=now, device_free_listed=listed)), said
 
 
 def final_argv(prepared: Prepared) -> list[str]:

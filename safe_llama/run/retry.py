@@ -33,6 +33,7 @@ class Attempt:
     kv_bytes: int  # KV cache in all
     compute_estimate: int  # the planner's compute estimate at its context (0: not planned)
     stepped: bool = False  # it was sized by a step below an earlier failure (the KV cap bound it)
+    device: str | None = None  # the local GPU's name (CUDA0, Vulkan0), when the plan put layers there
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Learned:
     # how the host or device limit is planned: with the policy's margin, or from the top of the margin
     # band (the limit plus the margin: where the search below an exact limit starts)
     margin: Margin = "keep"
+    device_cap: int | None = None  # the local GPU held less than this (its weights could not be allocated)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,15 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
         learned = replace(before, max_alloc=limit, margin="keep")
         return Lesson(learned, f"device max allocation {human(limit)} learned from the device's own error")
     requested = failure.requested_bytes
+    if failure.stage == "weights" and requested is not None and _on_device(failure.buffer, attempt.device):
+        # the first allocation of a start: less than this was free on the device, whatever the KV
+        cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
+        learned = replace(before, device_cap=cap, margin="keep")
+        return Lesson(
+            learned,
+            f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
+            "the KV kept as planned",
+        )
     if (
         failure.stage == "compute"
         and requested is not None
@@ -98,10 +109,16 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
     return Lesson(replace(before, kv_cap=cap, margin=margin), f"{what}: next KV {how}, planned {where}")
 
 
+def _on_device(buffer: str | None, device: str | None) -> bool:
+    """A buffer named by the failure is the local GPU's (CUDA0, Vulkan0; not CPU, CUDA_Host or a worker)."""
+    return device is not None and buffer is not None and buffer == device
+
+
 def _what_failed(failure: Failure, attempt: Attempt) -> str:
     named = {"kv": "the KV cache", "compute": "the compute buffers", "thread": "a thread's stack"}
     thing = named.get(failure.stage or "", "the start")
-    return f"{thing} did not fit with {human(attempt.kv_bytes)} of KV"
+    where = f" on {attempt.device}" if _on_device(failure.buffer, attempt.device) else ""
+    return f"{thing} did not fit{where} with {human(attempt.kv_bytes)} of KV"
 
 
 def worker_cap(planned_bytes: int, cap_before: int | None) -> int:

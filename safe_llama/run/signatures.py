@@ -18,7 +18,7 @@ from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import configs_dir
 
-Category = Literal["alloc", "context", "not_memory", "generic"]
+Category = Literal["alloc", "context", "not_memory", "generic", "harmless"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
 
 # What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.

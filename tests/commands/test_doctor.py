@@ -37,7 +37,7 @@ from safe_llama.commands.doctor import (
     run_checks,
     run_doctor,
 )
-from safe_llama.device.devices import ProbeRoots
+from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion

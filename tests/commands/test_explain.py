@@ -24,12 +24,14 @@ from safe_llama.plan.policy import load_policy
 from safe_llama.plan.remedies import Remedy
 from safe_llama.plan.words import load_words
 from safe_llama.run.log_reading import failed_run, read_log
+from safe_llama.run.own_lines import load_own_table
 from safe_llama.run.signatures import load_table
 from tests import FIXTURES
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 LOGS = FIXTURES / "logs"
 TABLE = load_table()
+OWN = load_own_table(configs_dir() / "own-lines.toml")
 WORDS = load_words(configs_dir() / "explain.toml")
 POLICY = load_policy(configs_dir() / "planner.toml")
 SEED_MODEL = "/home/lucasso/models/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
@@ -41,9 +43,9 @@ SEED_TEXT = (LOGS / "openvino-seed.log").read_text().split("\n", 1)[1]
 
 def explained(text: str, *, args: tuple[str, ...] = (), model: str | None = None) -> Explanation:
     """explain's pure path on a log's text: the numbers only (no prepared plan)."""
-    reading = read_log(text, TABLE)
+    reading = read_log(text, TABLE, OWN)
     run = failed_run(reading.facts, args=args, model=model, tool=None)
-    return explain.explain(reading, run, WORDS, POLICY, source="test")
+    return explain.explain(reading, run, WORDS, POLICY, source="test", own_words=explain.own_words(OWN))
 
 
 def log(name: str) -> str:
@@ -125,7 +127,7 @@ def test_openvino_device_refused_offers_the_devices_it_has() -> None:
 def test_compute_buffer_failure_points_at_the_batches() -> None:
     expl = explained(log("completion-compute-oom.log"), model="/absent.gguf")
     assert expl.stage == "compute"
-    assert remedy(expl, "batch").argv_changes == {"--ubatch-size": "512", "--batch-size": "2048"}
+    assert remedy(expl, "batch").argv_changes == {"--ubatch-size": "512"}  # the failed run's was -b 8192 -ub 8192
 
 
 def test_no_failure_and_unrecognised_errors_exit_1() -> None:
@@ -330,3 +332,80 @@ def test_a_remedys_size_is_its_own_and_under_the_logs_limit(tmp_path: Path, clea
     assert data["limit_bytes"] - 4 * 2**20 > 114688 * 37376
     assert steps["kv-q4"]["detail"].startswith("KV cache (one allocation) 1.97 GiB at -c 65536 is within")
     assert "7.00 GiB" not in steps["ctx"]["detail"] + steps["kv-q4"]["detail"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# safe-llama's own failures (real logs of its exits and of a retried start, tests/fixtures/logs/safe-llama-*)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _explain_json(name: str) -> tuple[int, dict[str, object]]:
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / name), json_out=True, out=out)
+    return code, json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("name", "exit_code", "what", "fix"),
+    [
+        pytest.param(
+            "safe-llama-exit65-missing-model.log", 65, "the model file /root/nonexistent.gguf does not exist",
+            "check the path", id="65",
+        ),
+        pytest.param(
+            "safe-llama-exit67-nothing-fits.log", 67, "nothing fits, even at its smallest context", "more memory",
+            id="67",
+        ),
+        pytest.param(
+            "safe-llama-exit68-nothing-fits-after-retry.log", 68, "gave up after 1 failed start(s) of llama-completion",
+            "more memory", id="68-after-retry",
+        ),
+        pytest.param(
+            "safe-llama-exit68-no-attempts-left.log", 68, "every one of its 1 start(s) of llama-completion failed",
+            "--attempts N", id="68-no-attempts-left",
+        ),
+    ],
+)  # fmt: skip
+def test_safe_llamas_own_exits_are_explained(name: str, exit_code: int, what: str, fix: str) -> None:
+    code, data = _explain_json(name)
+    assert (code, data["status"], data["kind"], data["safe_llama_exit"]) == (0, "explained", "safe-llama", exit_code)
+    assert what in str(data["what"]) and f"(exit {exit_code})" in str(data["what"])
+    remedies = data["remedies"]
+    assert isinstance(remedies, list) and fix in remedies[0]["summary"]
+
+
+def test_an_exit_68_names_llama_cpps_failure_second_and_reads_the_retry_line_as_safe_llamas() -> None:
+    reading = read_log(log("safe-llama-exit68-nothing-fits-after-retry.log"), TABLE, OWN)
+    # the retry line quotes llama.cpp's ggml_aligned_malloc line: it is safe-llama's, not a second failure
+    assert [m.signature_id for m in reading.matches].count("cpu-aligned-malloc") == 1
+    assert [o.pattern_id for o in reading.own] == ["retry", "nothing-fits-after-retries"]
+    _, data = _explain_json("safe-llama-exit68-nothing-fits-after-retry.log")
+    why = data["why"]
+    assert isinstance(why, list) and "less 8.00 MiB" in why[0]  # the retry's plan keeps the margin (--no-predict)
+    assert "551.28 MiB" in why[1] and "retried after attempt(s) 1" in why[2]
+
+
+def test_a_missing_model_does_not_assume_a_tool() -> None:
+    out = io.StringIO()
+    run_explain(file=str(LOGS / "safe-llama-exit65-missing-model.log"), out=out)
+    text = out.getvalue()
+    assert "assumed" not in text and "no failure found" not in text
+    assert text.startswith("What   safe-llama did not start llama-completion: the model file")  # the header's command
+    bare = render_text(explained((LOGS / "safe-llama-exit65-missing-model.log").read_text().split("\n", 1)[1]))
+    assert bare.startswith("What   safe-llama did not start llama.cpp: the model file") and "assumed" not in bare
+
+
+def test_a_start_safe_llama_retried_is_recovered() -> None:
+    code, data = _explain_json("safe-llama-retried-started.log")
+    assert (code, data["status"], data["remedies"]) == (0, "recovered", [])
+    assert data["what"] == "llama-completion failed to start, and safe-llama's retry started it (attempt 2)"
+    why = data["why"]
+    assert isinstance(why, list) and "678,721,536 bytes" in why[0] and "retried: the compute buffers" in why[1]
+
+
+def test_the_compute_remedy_at_llama_cpps_defaults_halves_the_micro_batch() -> None:
+    """The issue's case: a bare llama-completion under ulimit -v 700000 at -b 2048 -ub 512."""
+    expl = explained(log("completion-compute-oom-defaults.log"), model="/absent.gguf")
+    batch = remedy(expl, "batch")
+    assert expl.stage == "compute" and batch.argv_changes == {"--ubatch-size": "256"}
+    assert batch.command == "llama-completion -m /absent.gguf -ub 256"

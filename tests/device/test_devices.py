@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from safe_llama.commands.devices import render_text
-from safe_llama.device.devices import ProbeRoots, load_profile, load_profiles, probe_devices, probe_llama
+from safe_llama.device.devices import load_profile, load_profiles, probe_devices, probe_llama
+from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
 from safe_llama.entry import main
@@ -256,7 +257,7 @@ def test_no_binary_anywhere_still_reports(
 
 
 def test_rpc_memory_is_read_per_worker() -> None:
-    from safe_llama.device.devices import declared_limits
+    from safe_llama.device.declared import declared_limits
 
     declared = declared_limits(rpc_memory="10.0.0.2:50052=12G, [::1]:50053=512M")
     assert declared.rpc_memory == (("10.0.0.2:50052", 12 << 30), ("[::1]:50053", 512 * MIB))

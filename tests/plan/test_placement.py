@@ -186,3 +186,29 @@ def test_kept_weights_follow_every_change_of_the_same_model() -> None:
     fewer = memory_by_place(facts, Settings(kv=kv, n_gpu_layers=2, layout=Layout()), cuda())
     assert fewer["CUDA0"]["weights"] == 40 * MIB + 5 * MIB
     assert memory_by_place(facts, Settings(kv=kv, layout=Layout()), cuda()) == seen[0]
+
+
+def tied_facts(embd: int) -> ModelFacts:
+    """gemma-3's shape: a tied embedding (no output.weight) beside small layers."""
+    tensors = [_tensor(f"blk.{il}.attn_q.weight", 4 * MIB) for il in range(4)] + [_tensor("token_embd.weight", embd)]
+    meta = {"general.architecture": "llama", "llama.block_count": 4, "llama.context_length": 4096,
+            "llama.embedding_length": 256, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 4,
+            "llama.feed_forward_length": 512}  # fmt: skip
+    return model_facts(GGUFHeader(path="/m.gguf", metadata=meta, tensors=tuple(tensors)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("embd", "device_weights"),
+    [
+        pytest.param(170 * MIB, 16 * MIB, id="over-the-range-counted-once-on-the-host"),
+        pytest.param(100 * MIB, 116 * MIB, id="within-the-range-copied-to-the-device"),
+    ],
+)
+def test_vulkan_tied_embedding_over_the_storage_range(embd: int, device_weights: int) -> None:
+    """llama.cpp keeps a weight the Vulkan device's operations cannot take (above maxStorageBufferRange) on the
+    host: gemma-3's 170 MiB tied token_embd on lavapipe's 128 MiB range lives in the mapping once."""
+    vulkan = cuda(backend="vulkan", device="Vulkan0", max_tensor=Sourced(128 * MIB, "probed", "range"))
+    settings = Settings(kv=KvRequest(tool="server", n_ctx=4096, n_parallel=1))
+    mem = memory_by_place(tied_facts(embd), settings, vulkan)
+    assert mem["Vulkan0"]["weights"] == device_weights
+    assert mem["host"]["weights"] == embd

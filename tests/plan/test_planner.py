@@ -318,3 +318,56 @@ def test_failed_alloc_share_is_a_share(tmp_path: Path, value: str, accepted: boo
 
 def test_the_packaged_failed_alloc_share_is_exact() -> None:
     assert load_policy(configs_dir() / "planner.toml").failed_alloc_share == Fraction(3, 4)
+
+
+# ------------------------------------------------------------------------------------ Vulkan's per-tensor range
+
+MIB = 1 << 20
+# the H200 model of tests/fixtures/nvidia-h200-cuda: 8 layers of 16 KV heads x 256, 2,000,000 trained cells
+BIG = {
+    "block_count": 8, "embedding_length": 4096, "context_length": 2_000_000, "feed_forward_length": 64,
+    "attention.head_count": 16, "attention.head_count_kv": 16, "attention.key_length": 256,
+    "attention.value_length": 256,
+}  # fmt: skip
+
+
+def vulkan(max_tensor: int | None, max_alloc: int, detail: str = "Vulkan maxStorageBufferRange") -> Target:
+    return Target(
+        backend="vulkan",
+        device="Vulkan0",
+        on_gpu=True,
+        max_alloc=Sourced(max_alloc, "probed", "Vulkan maxMemoryAllocationSize"),
+        max_tensor=Sourced(max_tensor, "probed", detail) if max_tensor is not None else None,
+        alloc_block=GIB,
+        device_memory=Sourced(143771 * MIB, "probed", "test"),
+        host_budget=Sourced(125 * GIB, "declared", "test"),
+    )
+
+
+def test_vulkan_context_is_bound_by_one_layers_k_tensor(policy: Policy) -> None:
+    """lavapipe's 128 MiB maxStorageBufferRange: 30,840 cells of q8_0 K (4,352 bytes per cell and layer), 30,720
+    on the 256-cell grid."""
+    facts = _facts("llama", **BIG)
+    p = plan(facts, KvRequest(tool="server", n_ctx=2_000_000), vulkan(128 * MIB, 2 * GIB), policy)
+    assert (p.settings.kv.type_k, p.settings.kv.n_ctx) == ("q8_0", 30_720)
+    assert [s.name for s in p.steps][:2] == ["kv-q8", "ctx"]
+    assert "one layer's K cache" in p.steps[1].reason and "maxStorageBufferRange" in p.steps[1].reason
+    k_tensor = max(p.kv.caches[0].tensor_bytes)
+    assert k_tensor <= 128 * MIB < k_tensor + 256 * 4352  # the next step on the grid is over the range
+
+
+def test_vulkan_h200_one_k_tensor_is_one_allocation(policy: Policy) -> None:
+    """NVIDIA's maxMemoryAllocationSize (0xffe00000) is just under its 4 GiB - 1 range: a K tensor over the
+    1 GiB block is a buffer of its own, so the driver's limit (less the policy's margin) binds first, within
+    2% of the range's 986,880 cells; far below the GPU's memory."""
+    facts = _facts("llama", **BIG)
+    p = plan(facts, KvRequest(tool="server", n_ctx=2_000_000), vulkan(4 * GIB - 1, 0xFFE00000), policy)
+    assert p.settings.kv.type_k == "q8_0"
+    assert 0.98 * 986_880 <= (p.settings.kv.n_ctx or 0) <= 986_880
+    assert p.kv.total_bytes < 0.6 * 143771 * MIB
+
+
+def test_vulkan_without_a_tensor_limit_plans_against_the_allocation(policy: Policy) -> None:
+    facts = _facts("llama", **BIG)
+    p = plan(facts, KvRequest(tool="server", n_ctx=2_000_000), vulkan(None, 2 * GIB), policy)
+    assert (p.settings.kv.n_ctx or 0) > 30_720

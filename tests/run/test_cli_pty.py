@@ -38,3 +38,30 @@ def test_prompt_answer_ctrl_c(tmp_path: Path, llama_bin: Path, bundled_model: Pa
     assert b"[ Prompt:" in wrapped[0]  # llama-cli's own answer footer: the answer reached the terminal
     assert wrapped[1:] == direct[1:]
     assert os.path.exists(tmp_path / "safe-llama" / "plans")  # ready was seen: the plan was remembered
+
+
+@pytest.mark.slow
+def test_the_bundled_chat_ends_by_itself(tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]) -> None:
+    """The README's first example as a user types it: no model, no -n. Each reply must end by itself (llama.cpp's
+    prompt comes back) without the ChatML markers the model writes as text; the line saying why is shown."""
+    exe = str(console_script("safe-llama-cli"))
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path), "TERM": "xterm"}
+    child = pexpect.spawn(exe, ["-c", "2048", "--seed", "42"], env=env, timeout=120, dimensions=(40, 120))
+    try:
+        child.expect("available commands:")
+        said = child.before.decode(errors="replace")
+        child.expect("\n> ")
+        replies = []
+        for prompt in ("Hello", "What is the capital of France?"):
+            child.sendline(prompt)
+            # a reply is at most 256 tokens: on 2 busy cores (3 tokens/s) under 90 s
+            child.expect("\n> ", timeout=240)
+            replies.append(child.before.decode(errors="replace"))
+        child.sendcontrol("c")
+        child.expect(pexpect.EOF, timeout=30)
+    finally:
+        child.close(force=True)
+    assert "so each reply ends by itself" in said
+    for reply in replies:
+        assert "[ Prompt:" in reply  # llama-cli's footer: the reply ended and the prompt came back
+        assert "<|im_end|>" not in reply and "<|im_start|>" not in reply

@@ -85,6 +85,25 @@ def test_retry_path_ends_in_a_healthy_server(env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
+def test_the_retry_after_an_unplanned_start_keeps_the_plans_margin(env: dict[str, str]) -> None:
+    """--no-predict under ulimit -v: the start as asked fails on its compute buffers; the retry is planned as a
+    predicted launch is, with the margin below the limit ("less 8.00 MiB", never "plus"), and starts."""
+    proc = safe_llama(
+        ["--no-predict", "completion", "-c", "131072", "-p", "The capital of France is", "-n", "4"],
+        env,
+        as_limit_kib=1_300_000,
+    )
+    _, err_bytes = proc.communicate(timeout=600)
+    err = err_bytes.decode(errors="replace")
+    assert proc.returncode == 0, err[-3000:]
+    (failed,) = _attempt_lines(err)
+    assert failed.endswith("planned with the plan's margin"), failed
+    own = [line for line in err.splitlines() if line.startswith("safe-llama: ")]
+    sized = next(line for line in own if "RLIMIT_AS" in line)
+    assert "of the whole llama.cpp process, less 8.00 MiB)" in sized and "plus" not in sized
+
+
+@pytest.mark.slow
 def test_prediction_starts_first_time_then_remembers(env: dict[str, str]) -> None:
     ready, code, err = serve_until_healthy(["-c", "2000000"], env, 2_097_152)
     assert ready and code == 0, err[-3000:]

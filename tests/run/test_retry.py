@@ -91,3 +91,13 @@ def test_a_worker_that_stopped_gets_a_smaller_share() -> None:
 
     assert worker_cap(400, None) == int(400 * WORKER_SHARE) < 400
     assert worker_cap(400, 100) == 100  # never above an earlier cap
+
+
+def test_a_vulkan_kv_tensor_over_the_range_steps_the_kv_down() -> None:
+    """lavapipe's abort names the tensor (cache_k_l5), not a size: the next attempt's KV is a step below."""
+    failure = _failure("vulkan-kv-tensor-abort.log")
+    lesson = learn(
+        Attempt(kv_bytes=800 << 20, compute_estimate=1), failure, Learned(), lower_kv=None, search_band=False
+    )
+    assert lesson.learned.kv_cap == int((800 << 20) * (1 - STEP))
+    assert lesson.reason.startswith("the KV cache did not fit")

@@ -292,6 +292,22 @@ LINES = [
         ("ggml-assert", "generic", None, None, None),
         id="ggml-assert-format",
     ),
+    pytest.param(
+        log_line("vulkan-kv-tensor-abort.log", "pre-allocated tensor"),
+        ("kv-tensor-unsupported", "alloc", None, None, "Vulkan0"),
+        id="kv-tensor-unsupported-format",  # ggml-backend.cpp GGML_ABORT
+    ),
+    pytest.param(
+        "/src/ggml/src/ggml-backend.cpp:1081: pre-allocated tensor (blk.0.attn_q.weight) in a buffer (Vulkan0) that"
+        " cannot run the operation (MUL_MAT)",
+        ("tensor-unsupported", "alloc", None, None, "Vulkan0"),
+        id="tensor-unsupported-format",
+    ),
+    pytest.param(
+        log_line("vulkan-pinned-memory.log", "pinned memory"),
+        ("vulkan-pinned-memory", "harmless", None, None, None),
+        id="vulkan-pinned-memory-format",  # ggml-vulkan.cpp: a warning, then a plain host buffer
+    ),
 ]
 
 
@@ -368,6 +384,7 @@ def test_clean_line(raw: str, clean: str) -> None:
         ("completion-bad-value.log", 1, "not_memory", "invalid-argument", None, None, None),
         ("completion-quantized-v-no-fa.log", 1, "not_memory", "context-parameters", None, None, None),
         ("server-port-in-use.log", 1, "not_memory", "http-bind", None, None, None),
+        ("vulkan-kv-tensor-abort.log", -signal.SIGABRT, "alloc", "kv-tensor-unsupported", None, None, "Vulkan0"),
     ],
 )
 def test_classify_real_logs(
@@ -401,6 +418,7 @@ def test_classify_real_logs(
         pytest.param("completion-weights-oom.log", "weights", 233316864, id="cpu-weights"),
         pytest.param("server-thread-oom.log", "thread", None, id="thread-stacks"),
         pytest.param("openvino-seed.log", "kv", 7516192768, id="openvino-kv"),
+        pytest.param("vulkan-kv-tensor-abort.log", "kv", None, id="vulkan-kv-tensor-over-the-range"),
         pytest.param("completion-bad-alloc.log", None, None, id="no-stage-said"),
     ],
 )
@@ -516,6 +534,29 @@ def test_ggml_init_assert_before_the_malloc_line_is_memory() -> None:
     assert failure is not None and failure.memory and failure.kind == "alloc"
     assert failure.signature_id == "ggml-init-no-memory"
     assert failure.requested_bytes == round(5859.75 * 1024 * 1024)  # from the later line
+
+
+def test_the_pinned_memory_warning_ends_no_start() -> None:
+    """ggml-vulkan falls back to a plain host buffer after it: the start goes on, and may become ready."""
+    from safe_llama.run.relay import Stream
+    from safe_llama.run.supervise import SignatureWatcher, Verdict
+
+    whole = log_bytes("vulkan-pinned-memory.log")
+    watcher = SignatureWatcher(TABLE)
+    assert watcher.output(Stream.STDERR, whole) == Verdict.CONTINUE
+    assert watcher.conclude(None) is None
+    assert [m.category for m in watcher.matches] == ["harmless"]
+    assert classify(scan_text(TABLE, whole), 0) is None
+    warning = log_line("vulkan-pinned-memory.log", "pinned memory").encode() + b"\n"
+    later = classify(scan_text(TABLE, warning + b"llama_model_load: error loading model: bad magic\n"), 1)
+    assert later is not None and not later.memory  # what decides is what follows it
+
+
+def test_a_kv_tensor_over_the_devices_range_is_a_kv_failure() -> None:
+    abort = b"/src/ggml/src/ggml-backend.cpp:1081: pre-allocated tensor (cache_k_l0) in a buffer (Vulkan0) that "
+    abort += b"cannot run the operation (NONE)\n"
+    failure = classify(scan_text(TABLE, abort), -signal.SIGABRT)
+    assert failure is not None and failure.memory and failure.stage == "kv" and failure.buffer == "Vulkan0"
 
 
 def test_other_asserts_are_generic_and_lose_to_an_alloc_line_anywhere() -> None:

@@ -1,0 +1,83 @@
+"""cmdline/bundled_chat.py: the options a chat with the bundled model gets (configs/bundled-model.toml), only
+where the user set none of them. The chat ending by itself is tests/run/test_cli_pty.py's (a real terminal)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults, parse_chat_defaults
+from safe_llama.errors import SafeLlamaError
+from safe_llama.paths import configs_dir
+from tests.conftest import console_script
+from tests.llama_run import free_port, healthy
+
+DEFAULTS = load_chat_defaults(configs_dir() / "bundled-model.toml")
+ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "env", "added"),
+    [
+        pytest.param("cli", [], {}, ALL, id="cli"),
+        pytest.param("server", ["--port", "8080"], {}, ALL, id="server"),
+        pytest.param("completion", [], {}, [], id="completion: no chat"),
+        pytest.param("cli", ["-n", "32"], {}, ALL[:4], id="the user's -n"),
+        pytest.param("cli", ["--predict", "32"], {}, ALL[:4], id="the user's -n, long name"),
+        pytest.param("server", [], {"LLAMA_ARG_N_PREDICT": "32"}, ALL[:4], id="the user's -n as a variable"),
+        pytest.param("cli", ["--chat-template", "gemma"], {}, ALL[4:], id="the user's template"),
+        pytest.param("cli", ["--chat-template-file", "t.jinja"], {}, ALL[4:], id="the user's template file"),
+        pytest.param("cli", ["-r", "User:"], {}, ALL[4:], id="the user's stop string"),
+        pytest.param("cli", ["-r", "x", "-n", "9"], {}, [], id="all the user's"),
+    ],
+)
+def test_options_added_only_where_the_user_set_none(
+    tool: str, args: list[str], env: dict[str, str], added: list[str]
+) -> None:
+    options, line = chat_options(tool, args, env, DEFAULTS)
+    assert options == added
+    if added:
+        assert line is not None and line.startswith(" ".join(f"'{a}'" if "<" in a else a for a in added) + ": ")
+        assert "ends by itself" in line
+    else:
+        assert line is None
+
+
+def test_a_bad_table_names_the_file() -> None:
+    with pytest.raises(SafeLlamaError, match=r"bundled\.toml"):
+        parse_chat_defaults({"tools": ["cli"], "option": [{"name": "-n"}]}, "bundled.toml")
+
+
+@pytest.mark.slow
+def test_the_bundled_servers_chat_completion_ends_by_itself(
+    tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+) -> None:
+    """/v1/chat/completions without stop or max_tokens, as a newcomer's first request: the reply stops at the
+    model's ChatML end-of-turn text, which is not in the reply."""
+    port = free_port()
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
+    argv = [str(console_script("safe-llama-server")), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not healthy(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "seed": 42}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - http://127.0.0.1
+            answer = json.loads(response.read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"  # not "length": a stop string ended it, not the cap
+    assert "<|im_end|>" not in choice["message"]["content"] and "<|im_start|>" not in choice["message"]["content"]
+    assert "so each reply ends by itself" in err
