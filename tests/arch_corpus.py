@@ -3,9 +3,11 @@ test-llama-archs writes a tiny random-weight model per architecture, the real bi
 few configurations, and their `llama_kv_cache: size` / `llama_memory_recurrent: size` lines are compared
 with plan_kv. A test support module (used by tests/model/test_archs_real.py and benchmarks/bench_archs.py).
 
-The lines print MiB with two decimals. Every configuration below gives each stream at least 8192 cells, so
-one f16 element more or less per cell in one layer (16 KiB) changes what is printed: equal KV lines mean
-equal bytes. Recurrent state does not grow with the context, so its lines are equal to 0.01 MiB only.
+The lines print MiB with two decimals. The first five configurations give each stream at least 8192 cells,
+so one f16 element more or less per cell in one layer (16 KiB) changes what is printed: equal KV lines mean
+equal bytes. The last three are llama-server's everyday command lines (small contexts, its slots, a q8_0
+cache), where the cell counts and layer counts must match as well. Recurrent state does not grow with the
+context, so its lines are equal to 0.01 MiB only.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ from pathlib import Path
 
 from safe_llama.model.arch import ARCHITECTURES, UNMODELLED
 from safe_llama.model.facts import load_model_facts
-from safe_llama.model.kv import KvRequest, mib_line, plan_kv
+from safe_llama.model.kv import STATE_KINDS, KvRequest, f32_mib, mib_line, plan_kv
 from tests.llama_run import kv_lines, run_server_until_ready
 
 RS_LINE = re.compile(
     r"llama_memory_recurrent: size = +(?P<total>[\d.]+) MiB \( *(?P<cells>\d+) cells, +\d+ layers, +"
     r"(?P<seqs>\d+) seqs +\d+ rs_seq\), R \(\w+\): +(?P<r>[\d.]+) MiB, S \(\w+\): +(?P<s>[\d.]+) MiB, "
     r"P \(\w+\): +(?P<p>[\d.]+) MiB"
+)
+# llama_dsv4_comp_state's summary of one compressor state (src/llama-kv-cache-dsv4.cpp), in MiB as a double
+STATE_LINE = re.compile(
+    r"llama_dsv4_comp_state: (?P<name>\w+) ratio = \d+, state = (?P<size>\d+) x \d+, streams = (?P<streams>\d+), "
+    r"rs_seq = \d+, layers = (?P<layers>\d+), size = +(?P<mib>[\d.]+) MiB"
 )
 # sched_reserve runs after every memory module exists: a log without it was cut short
 DONE = "sched_reserve:"
@@ -73,6 +80,22 @@ CONFIGS = (
         ("-c", "16384", "-np", "2", "--swa-full"),
         KvRequest("completion", n_ctx=16384, n_parallel=2, swa_full=True),
     ),
+    Config("server-np2", "server", ("-c", "4096", "-np", "2"), KvRequest("server", n_ctx=4096, n_parallel=2)),
+    Config(
+        "server-auto",
+        "server",
+        (
+            "-c",
+            "10000",
+        ),
+        KvRequest("server", n_ctx=10000),
+    ),
+    Config(
+        "server-q8_0",
+        "server",
+        ("-c", "3000", "-np", "1", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"),
+        KvRequest("server", n_ctx=3000, n_parallel=1, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+    ),
 )
 
 # What the binaries print for one cache, in their own order (KV caches first, then recurrent state)
@@ -102,6 +125,8 @@ def seen_lines(log: str) -> list[CacheLine]:
         for x in kv_lines(log)
     ]
     out += [("rs", m["total"], m["cells"], m["seqs"], m["r"], m["s"], m["p"]) for m in RS_LINE.finditer(log)]
+    for m in STATE_LINE.finditer(log):
+        out.append(("state", f"{m['name']} state", m["size"], m["streams"], m["layers"], m["mib"]))
     return out
 
 
@@ -110,15 +135,19 @@ def predicted_lines(model: Path, req: KvRequest) -> tuple[list[CacheLine], int]:
     kv = plan_kv(load_model_facts(model), req)
     kv_out: list[CacheLine] = []
     rs_out: list[CacheLine] = []
+    state_out: list[CacheLine] = []
     for c in kv.caches:
         total, k, v = mib_line(c)
-        if c.kind == "recurrent":
-            rs_out.append(("rs", total, str(c.cells), str(c.n_seq_max), k, v, "0.00"))
+        if c.kind in STATE_KINDS:
+            mib = f"{c.total_bytes / 1048576:.2f}"
+            state_out.append(("state", c.kind, str(c.cells), str(c.n_stream), str(c.layers), mib))
+        elif c.kind == "recurrent":
+            rs_out.append(("rs", total, str(c.cells), str(c.n_seq_max), k, v, f32_mib(c.p_bytes)))
         else:
             kv_out.append(
                 ("kv", total, str(c.cells), str(c.layers), str(c.n_seq_max), str(c.n_stream), c.type_k, k, c.type_v, v)
             )
-    return kv_out + rs_out, kv.total_bytes
+    return kv_out + rs_out + state_out, kv.total_bytes
 
 
 def seen_mib(lines: Sequence[CacheLine]) -> float:

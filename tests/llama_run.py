@@ -89,6 +89,16 @@ def _limit_as(kib: int | None) -> Callable[[], None] | None:
     return apply
 
 
+def serving(port: int, host: str = "127.0.0.1") -> bool:
+    """llama-server's task loop answers GET /slots: it serves (/health says 200 from `model loaded` on, before
+    the loop's thread exists, which a start just above RLIMIT_AS cannot create)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/slots", timeout=5) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def run_server_until_ready(
     bin_dir: Path,
     args: Sequence[str],
@@ -97,7 +107,8 @@ def run_server_until_ready(
     timeout: float = 90.0,
     as_limit_kib: int | None = None,
 ) -> tuple[int | None, str]:
-    """Start llama-server, wait for /health 200 or exit, stop it; (exit code or None if it was ready, log)."""
+    """Start llama-server, wait until it serves (GET /slots 200) or exits, stop it; (exit code or None if it
+    served, log)."""
     port = free_port()
     argv = [str(bin_dir / "llama-server"), *args, "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
@@ -115,7 +126,7 @@ def run_server_until_ready(
             if proc.poll() is not None:
                 code = proc.returncode
                 break
-            if healthy(port):
+            if serving(port):
                 break
             time.sleep(0.1)
         else:

@@ -49,6 +49,10 @@ class ArchRule:
     # only when attention.indexer.top_k > 0 (hy_v4)
     indexer: Literal["", "all", "types", "top_k"] = ""
     loops: bool = False  # {arch}.num_loops repeats the layer stack, each pass with its own KV (nanbeige)
+    # a sparse-attention memory with caches beyond the attention layers' (model.sparse): llama_kv_cache_dsv4,
+    # _dsa_iswa (a window-sized SWA cache beside the DSA one), _msa (an indexer cache with K and V), or
+    # llama_memory_hybrid_idx (a K-only indexer cache; "hybrid_qsa": qwen4exp's k-pool and PLE conv rows)
+    sparse: Literal["", "dsv4", "dsa_iswa", "msa", "hybrid_idx", "hybrid_qsa"] = ""
 
 
 # Architectures whose load_arch_hparams touches nothing that changes the KV cache: base rules only.
@@ -101,6 +105,12 @@ _SPECIAL: dict[str, ArchRule] = {
     "deepseek32": ArchRule(mla=True, indexer="all"),
     "glm-dsa": ArchRule(mla=True, indexer="types"),
     "hy_v4": ArchRule(mla=True, indexer="top_k"),
+    # sparse-attention memories (create_memory's own cases; model.sparse reads what shapes them)
+    "deepseek4": ArchRule(swa=SwaRule(when="always"), sparse="dsv4"),
+    "dots3note": ArchRule(swa=SwaRule(), mla=True, indexer="types", sparse="dsa_iswa"),
+    "minimax-m3": ArchRule(sparse="msa"),
+    "glm5-next": ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True, sparse="hybrid_idx"),
+    "qwen4exp": ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups", sparse="hybrid_qsa"),
     # looped layers (src/models/nanbeige.cpp load_arch_hparams expands n_layer_all)
     "nanbeige": ArchRule(loops=True),
     # recurrent (llm_arch_is_recurrent) and hybrid (llm_arch_is_hybrid) models
@@ -155,27 +165,6 @@ class Unmodelled:
 
 # llama.cpp knows these, but they use caches safe-llama does not model.
 UNMODELLED: Mapping[str, Unmodelled] = {
-    "deepseek4": Unmodelled(
-        ArchRule(mla=True),
-        "over",
-        "llama_kv_cache_dsv4 keeps a sliding window and compressed caches, not a full-context cache per layer",
-    ),
-    "dots3note": Unmodelled(
-        ArchRule(mla=True, indexer="types"),
-        "over",
-        "llama_kv_cache_dsa_iswa: sliding-window layers keep a window-sized cache, counted here at full size",
-    ),
-    "minimax-m3": Unmodelled(ArchRule(), "under", "llama_kv_cache_msa's indexer key cache is not counted"),
-    "glm5-next": Unmodelled(
-        ArchRule(memory="hybrid", recurrent_layers="no_kv_heads", state="kda", mla=True),
-        "under",
-        "llama_memory_hybrid_idx's indexer key cache is not counted",
-    ),
-    "qwen4exp": Unmodelled(
-        ArchRule(memory="hybrid", recurrent_layers="interval", state="ssm_groups"),
-        "under",
-        "llama_memory_hybrid_idx's indexer key cache and the PLE conv rows are not counted",
-    ),
     # not written by test-llama-archs: encoders/decoders, draft heads and projectors
     **{
         arch: Unmodelled(ArchRule(mla=True), "unknown", "an encoder-decoder, draft head or projector")

@@ -28,8 +28,9 @@ from safe_llama.model.hparams import (
     state_rows,
     swa_pattern,
 )
+from safe_llama.model.sparse import SparseMemory, read_sparse
 
-FACTS_SCHEMA = 3  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
+FACTS_SCHEMA = 4  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class ModelFacts:
     notes: tuple[str, ...]
     tensors: tuple[tuple[str, int], ...] = ()  # (name, bytes) of every tensor: where -ot / -ncmoe put them
     tensor_types: tuple[str, ...] = ()  # ggml type of each tensor in `tensors` (lower case: q4_0, q4_k, f16)
+    sparse: SparseMemory | None = None  # a sparse-attention memory's extra caches (model.sparse)
 
     @property
     def is_swa_model(self) -> bool:
@@ -135,6 +137,11 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
     nextn = m.uint(m.k("nextn_predict_layers"), default=0)
     if nextn > n_layer_all:
         m.fail(f"key {printable(m.k('nextn_predict_layers'))} is {nextn}, more than the {n_layer_all} layers")
+    if rule.sparse == "dsv4" and nextn:
+        # src/models/deepseek4.cpp: without the MTP block's weights the nextn layers are trunk layers
+        probe = f"blk.{n_layer_all - nextn}.nextn.eh_proj.weight"
+        if not any(t.name == probe for t in header.tensors):
+            nextn = 0
     n_layer = n_layer_all - nextn
 
     no_heads = (0,) * n_layer_all if rule.memory == "recurrent" else None
@@ -175,14 +182,18 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
                 window = swa.default_window
             else:
                 m.missing(m.k("attention.sliding_window"))
-            if swa.attention_layers:
+            if rule.sparse == "dsv4":
+                # set_swa_pattern(0), then the MTP layers too: every layer slides
+                is_swa = [True] * n_layer_all
+            elif swa.attention_layers:
                 is_swa = [il < n_layer and not recurrent[il] for il in range(n_layer_all)]
             else:
                 is_swa = swa_pattern(m, swa, n_layer_all, n_layer)
             if not any(is_swa):
                 notes.append("a sliding window is set but no layer uses it: llama.cpp will abort")
 
-    is_mla = False
+    # llama_kv_cache_dsv4 caches K only (dsv4_make_k_only)
+    is_mla = rule.sparse == "dsv4"
     if rule.mla:
         k_mla = m.optional_uint(m.k("attention.key_length_mla"))
         v_mla = m.optional_uint(m.k("attention.value_length_mla"))
@@ -196,14 +207,35 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         kv_from_start = max(n_layer_all - shared, -1)
 
     # the default path leaves MTP layers out of the main context's cache (create_memory)
-    drops_nextn = rule.memory == "kv" and nextn > 0 and n_layer > 0
+    # (llama_kv_cache_dsv4 and _msa are given no filter: their caches keep the MTP layers)
+    drops_nextn = rule.memory == "kv" and nextn > 0 and n_layer > 0 and rule.sparse not in ("dsv4", "msa")
     state_r, state_s = state_rows(m, rule, n_embd, head_count[0], k_full) if any(recurrent) else (0, 0)
     indexed = indexed_layers(m, rule, n_layer_all, n_layer, n_ctx_train)
     k_idx = m.uint(m.k("attention.indexer.key_length")) if any(indexed) else 0
     has_memory = rule.memory in ("kv", "hybrid")
+    if rule.sparse in ("hybrid_idx", "hybrid_qsa"):
+        # create_memory's filter_attn: the MTP block is never attended by the trunk graph
+        attends = [attends[il] and il < n_layer for il in range(n_layer_all)]
 
     key_length = tuple(k_swa if is_swa[il] else k_full for il in range(n_layer_all))
     value_length = tuple(v_swa if is_swa[il] else v_full for il in range(n_layer_all))
+    sparse = read_sparse(
+        m,
+        rule,
+        n_layer_all=n_layer_all,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        head_k=key_length,
+        head_v=value_length,
+        attends=attends,
+        recurrent=recurrent,
+    )
+    if sparse is not None and sparse.kind != "dsa_iswa":
+        k_idx_of = sparse.idx_k
+    else:
+        # the DSA indexer shares the main cache's hparams but one head of indexer_head_size;
+        # SWA layers keep their own head dim (llama_kv_cache_dsa's hparams_lid)
+        k_idx_of = tuple((k_swa if is_swa[il] else k_idx) if indexed[il] else 0 for il in range(n_layer_all))
     layers = tuple(
         LayerKV(
             has_kv=has_memory
@@ -216,9 +248,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
             n_embd_v_gqa=0 if is_mla else value_length[il] * head_count_kv[il],
             n_embd_r=state_r if recurrent[il] else 0,
             n_embd_s=state_s if recurrent[il] else 0,
-            # the indexer cache shares the main cache's hparams but one head of indexer_head_size;
-            # SWA layers keep their own head dim (llama_kv_cache_dsa's hparams_lid)
-            n_embd_k_idx=(k_swa if is_swa[il] else k_idx) if indexed[il] else 0,
+            n_embd_k_idx=k_idx_of[il],
         )
         for il in range(n_layer_all)
     )
@@ -271,6 +301,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         notes=tuple(notes),
         tensors=tuple((t.name, t.n_bytes) for t in header.tensors),
         tensor_types=tuple(_type_name(t.ggml_type) for t in header.tensors),
+        sparse=sparse,
     )
 
 

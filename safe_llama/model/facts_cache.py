@@ -15,6 +15,7 @@ from typing import Any
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts, load_model_facts
+from safe_llama.model.sparse import SparseMemory
 from safe_llama.paths import cache_dir
 
 FORMAT = 1
@@ -87,7 +88,38 @@ def facts_to_json(facts: ModelFacts) -> dict[str, Any]:
         "notes": list(facts.notes),
         "tensors": [[name, size] for name, size in facts.tensors],
         "tensor_types": list(facts.tensor_types),
+        "sparse": None if facts.sparse is None else _sparse_to_json(facts.sparse),
     }
+
+
+_SPARSE_INTS = ("idx_v_max", "state_head_k", "indexer_head", "n_layer")
+_SPARSE_ROWS = ("idx_k", "idx_v", "compress", "ple_rows")
+_SPARSE_KINDS = ("dsv4", "dsa_iswa", "msa", "hybrid_idx")
+
+
+def _sparse_to_json(sparse: SparseMemory) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": sparse.kind}
+    out.update({key: getattr(sparse, key) for key in _SPARSE_INTS})
+    out.update({key: list(getattr(sparse, key)) for key in _SPARSE_ROWS})
+    return out
+
+
+def _sparse_from_json(d: Any) -> SparseMemory | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or set(d) != {"kind", *_SPARSE_INTS, *_SPARSE_ROWS}:
+        raise ValueError(f"cached model facts: bad sparse memory {d!r}")
+    return SparseMemory(
+        kind=_field(d, "kind", lambda v: v in _SPARSE_KINDS),
+        idx_k=_ints(d, "idx_k"),
+        idx_v=_ints(d, "idx_v"),
+        idx_v_max=_field(d, "idx_v_max", _is_int),
+        compress=_ints(d, "compress"),
+        state_head_k=_field(d, "state_head_k", _is_int),
+        indexer_head=_field(d, "indexer_head", _is_int),
+        n_layer=_field(d, "n_layer", _is_int),
+        ple_rows=_ints(d, "ple_rows"),
+    )
 
 
 def _field(d: Mapping[str, Any], key: str, check: Callable[[Any], bool]) -> Any:
@@ -162,4 +194,5 @@ def facts_from_json(d: Mapping[str, Any]) -> ModelFacts:
         tensor_types=tuple(
             _field(d, "tensor_types", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
         ),
+        sparse=_sparse_from_json(d.get("sparse")),
     )

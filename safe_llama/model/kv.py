@@ -1,7 +1,8 @@
 """KV-cache arithmetic as llama.cpp 0.6.0-dev does it: context resolution, caches, buffers.
 
 Owns the rules of src/llama-context.cpp (n_ctx padding, streams), src/llama-kv-cache*.cpp (cells, SWA
-size, per-layer tensors), src/llama-memory-recurrent.cpp, common/fit.cpp (n_ctx when -c is unset) and
+size, per-layer tensors; the sparse-attention memories' extra caches and compressor states),
+src/llama-memory-recurrent.cpp, src/llama-memory-hybrid*.cpp, common/fit.cpp (n_ctx when -c is unset) and
 ggml-backend.cpp (packing tensors into buffers). Pure: values in, values out.
 """
 
@@ -13,6 +14,7 @@ from typing import Protocol
 
 from safe_llama.model.cache_types import CACHE_TYPE_SIZES
 from safe_llama.model.gguf_constants import constants
+from safe_llama.model.sparse import DSV4_CSA_RATIO, DSV4_HCA_RATIO, SparseMemory
 
 PAD = 256  # GGML_PAD(n_ctx, 256) in llama_context; the SWA cache is padded the same way
 TENSOR_ALIGNMENT = 32  # ggml-impl.h; the CPU buffer type's alignment
@@ -49,6 +51,8 @@ class FactsLike(Protocol):
     def is_mla(self) -> bool: ...
     @property
     def layers(self) -> Sequence[LayerLike]: ...
+    @property
+    def sparse(self) -> SparseMemory | None: ...
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,14 @@ class KvRequest:
     kv_unified_per_slot: int = 0
 
 
+# the kinds of the DSV4 compressor states (llama_dsv4_comp_state), which are no KV cache
+STATE_KINDS = ("csa state", "hca state", "lid state")
+
+
 @dataclass(frozen=True)
 class Cache:
-    kind: str  # full | swa | indexer | recurrent
+    # full | swa | indexer | recurrent; DSV4: csa | hca (compressed K) and the STATE_KINDS
+    kind: str
     cells: int
     layers: int
     n_seq_max: int
@@ -81,10 +90,11 @@ class Cache:
     k_bytes: int
     v_bytes: int
     tensor_bytes: tuple[int, ...] = field(repr=False)  # in creation order: per layer K then V
+    p_bytes: int = 0  # recurrent: the PLE conv rows (llama_memory_recurrent's P)
 
     @property
     def total_bytes(self) -> int:
-        return self.k_bytes + self.v_bytes
+        return self.k_bytes + self.v_bytes + self.p_bytes
 
 
 @dataclass(frozen=True)
@@ -199,6 +209,55 @@ def _attention_cache(
     )
 
 
+def _rows_cache(
+    kind: str, rows: Sequence[tuple[int, int]], cells: int, n_seq_max: int, n_stream: int, req: KvRequest
+) -> Cache:
+    """A llama_kv_cache of these (K, V) rows per layer (V 0: K only), in creation order."""
+    tensors: list[int] = []
+    k_total = v_total = 0
+    for k_width, v_width in rows:
+        k = row_bytes(req.type_k, k_width) * cells * n_stream
+        tensors.append(k)
+        k_total += k
+        if v_width:
+            v = row_bytes(req.type_v, v_width) * cells * n_stream
+            tensors.append(v)
+            v_total += v
+    return Cache(kind, cells, len(rows), n_seq_max, n_stream, req.type_k, req.type_v, k_total, v_total, tuple(tensors))
+
+
+def _dsv4_caches(facts: FactsLike, sparse: SparseMemory, ctx: Context, req: KvRequest) -> list[Cache]:
+    """llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp): a raw K-only iSWA cache, the CSA and HCA
+    compressed K caches and the lightning-indexer cache, each with a stream per sequence whatever -kvu says,
+    then the f32 compressor states (kv and score planes per layer)."""
+    n_seq = ctx.n_seq_max
+    kv_size = ctx.n_ctx_seq
+    layers = [(il, lay) for il, lay in enumerate(facts.layers) if lay.has_kv]
+    size_swa = kv_size if req.swa_full else pad(min(kv_size, facts.sliding_window + ctx.n_ubatch))
+    caches = [
+        _rows_cache("full", [(lay.n_embd_k_gqa, 0) for _, lay in layers if not lay.swa], kv_size, n_seq, n_seq, req),
+        _rows_cache("swa", [(lay.n_embd_k_gqa, 0) for _, lay in layers if lay.swa], size_swa, n_seq, n_seq, req),
+    ]
+    ratio = sparse.compress
+    for kind, wanted in (("csa", DSV4_CSA_RATIO), ("hca", DSV4_HCA_RATIO)):
+        cells = pad(max(1, -(-kv_size // wanted)))
+        rows = [(lay.n_embd_k_gqa, 0) for il, lay in layers if ratio[il] == wanted]
+        caches.append(_rows_cache(kind, rows, cells, n_seq, n_seq, req))
+    lid_rows = [(lay.n_embd_k_idx, 0) for il, lay in layers if ratio[il] == DSV4_CSA_RATIO]
+    caches.append(_rows_cache("indexer", lid_rows, pad(max(1, -(-kv_size // DSV4_CSA_RATIO))), n_seq, n_seq, req))
+    planes = n_seq  # n_stream x (1 + n_rs_seq); rollback snapshots only come with a speculative draft
+    head_k = sparse.state_head_k
+    for kind, wanted, size, width in (
+        ("csa state", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * head_k),
+        ("hca state", DSV4_HCA_RATIO, DSV4_HCA_RATIO, head_k),
+        ("lid state", DSV4_CSA_RATIO, 2 * DSV4_CSA_RATIO, 2 * sparse.indexer_head),
+    ):
+        n = sum(1 for il in range(sparse.n_layer) if ratio[il] == wanted)
+        plane = row_bytes("f32", width) * size * planes
+        caches.append(Cache(kind, size, n, n_seq, planes, "f32", "f32", plane * n, plane * n, (plane,) * (2 * n)))
+    return caches
+
+
 def plan_kv(facts: FactsLike, req: KvRequest) -> KvPlan:
     """Every cache llama.cpp creates for this model and request, in creation order (non-SWA first)."""
     ctx = resolve_context(req, facts.context_length)
@@ -210,6 +269,9 @@ def plan_kv(facts: FactsLike, req: KvRequest) -> KvPlan:
     if quantized_v and req.flash_attn == "off":
         notes.append("quantized V cache requires flash attention: llama.cpp will refuse -fa off")
     v_trans = not flash
+    sparse = facts.sparse
+    if sparse is not None and sparse.kind == "dsv4":
+        return KvPlan(ctx, tuple(_dsv4_caches(facts, sparse, ctx, req)), flash, tuple(notes))
     attn = [lay for lay in facts.layers if lay.has_kv]  # falcon-h1 layers attend and recur both
     full = [lay for lay in attn if not lay.swa]
     swa = [lay for lay in attn if lay.swa]
@@ -222,33 +284,35 @@ def plan_kv(facts: FactsLike, req: KvRequest) -> KvPlan:
         caches.append(_attention_cache("swa", swa, cells_swa, ctx, req, facts.is_mla, v_trans))
     elif attn:
         caches.append(_attention_cache("full", attn, ctx.n_ctx_seq, ctx, req, facts.is_mla, v_trans))
-    indexed = [lay for lay in facts.layers if lay.n_embd_k_idx > 0]
+    indexed = [(il, lay) for il, lay in enumerate(facts.layers) if lay.n_embd_k_idx > 0]
     if indexed:
-        # llama_kv_cache_dsa's second cache: the same cells, one K-only indexer head per indexed layer
-        k_idx = [row_bytes(req.type_k, lay.n_embd_k_idx) * ctx.n_ctx_seq * ctx.n_stream for lay in indexed]
-        caches.append(
-            Cache(
-                "indexer",
-                ctx.n_ctx_seq,
-                len(indexed),
-                ctx.n_seq_max,
-                ctx.n_stream,
-                req.type_k,
-                req.type_v,
-                sum(k_idx),
-                0,
-                tuple(k_idx),
-            )
-        )
-    recurrent = [lay for lay in facts.layers if lay.recurrent]
+        # the indexer cache: the same cells, one indexer key head per indexed layer; K only (llama_kv_cache_dsa,
+        # llama_memory_hybrid_idx) or with one value head of the model's (llama_kv_cache_msa)
+        with_v = sparse is not None and sparse.kind == "msa"
+        rows = [
+            (lay.n_embd_k_idx, (sparse.idx_v_max if v_trans else sparse.idx_v[il]) if with_v and sparse else 0)
+            for il, lay in indexed
+        ]
+        index = _rows_cache("indexer", rows, ctx.n_ctx_seq, ctx.n_seq_max, ctx.n_stream, req)
+        # llama_kv_cache_dsa_iswa makes its DSA pair (full, indexer) before the SWA cache
+        at = len(caches) - 1 if sparse is not None and sparse.kind == "dsa_iswa" and len(caches) == 2 else len(caches)
+        caches.insert(at, index)
+    recurrent = [(il, lay) for il, lay in enumerate(facts.layers) if lay.recurrent]
     if recurrent:
-        rows = max(1, ctx.n_seq_max)
+        rows_rs = max(1, ctx.n_seq_max)
         tensors: list[int] = []
-        for lay in recurrent:
-            tensors += [row_bytes("f32", lay.n_embd_r) * rows, row_bytes("f32", lay.n_embd_s) * rows]
-        r = sum(tensors[0::2])
-        s = sum(tensors[1::2])
-        caches.append(Cache("recurrent", rows, len(recurrent), ctx.n_seq_max, 1, "f32", "f32", r, s, tuple(tensors)))
+        p = 0
+        for il, lay in recurrent:
+            tensors += [row_bytes("f32", lay.n_embd_r) * rows_rs, row_bytes("f32", lay.n_embd_s) * rows_rs]
+            ple = sparse.ple_rows[il] if sparse is not None and sparse.ple_rows else 0
+            if ple:
+                tensors.append(row_bytes("f32", ple) * rows_rs)
+                p += tensors[-1]
+        r = sum(row_bytes("f32", lay.n_embd_r) * rows_rs for _, lay in recurrent)
+        s = sum(row_bytes("f32", lay.n_embd_s) * rows_rs for _, lay in recurrent)
+        caches.append(
+            Cache("recurrent", rows_rs, len(recurrent), ctx.n_seq_max, 1, "f32", "f32", r, s, tuple(tensors), p)
+        )
     return KvPlan(ctx, tuple(caches), flash, tuple(notes))
 
 
@@ -275,13 +339,15 @@ def cache_buffers(cache: Cache, max_size: int | None, alignment: int = TENSOR_AL
     return buffers(cache.tensor_bytes, max_size, alignment)
 
 
-def mib_line(cache: Cache) -> tuple[str, str, str]:
-    """Total, K and V as llama.cpp prints them: float32 MiB with 2 decimals."""
+def f32_mib(n: int) -> str:
+    """n bytes as llama.cpp prints a KV size: float32 MiB with 2 decimals."""
     import struct
 
-    def f32_mib(n: int) -> str:
-        value = struct.unpack("f", struct.pack("f", float(n)))[0] / struct.unpack("f", struct.pack("f", 1048576.0))[0]
-        value = struct.unpack("f", struct.pack("f", value))[0]
-        return f"{value:.2f}"
+    value = struct.unpack("f", struct.pack("f", float(n)))[0] / struct.unpack("f", struct.pack("f", 1048576.0))[0]
+    value = struct.unpack("f", struct.pack("f", value))[0]
+    return f"{value:.2f}"
 
+
+def mib_line(cache: Cache) -> tuple[str, str, str]:
+    """Total, K and V as llama.cpp prints them: float32 MiB with 2 decimals."""
     return f32_mib(cache.total_bytes), f32_mib(cache.k_bytes), f32_mib(cache.v_bytes)

@@ -6,12 +6,14 @@ Owns that estimate; must not place it (plan.memory does) nor read anything but t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
 from safe_llama.model.facts import ModelFacts
-from safe_llama.model.kv import KvPlan, KvRequest, row_bytes
+from safe_llama.model.kv import STATE_KINDS, KvPlan, KvRequest, row_bytes
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
+from safe_llama.plan.target import Target
 
 
 def compute_estimate(
@@ -53,7 +55,7 @@ def compute_estimate(
     ctx = kv.context
     n_embd = facts.embedding_length
     n_ff = max(facts.feed_forward_length, n_embd, expert_ff)
-    n_head = max(facts.head_count, default=1)
+    n_kv = _n_kv(kv)
     per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
     # attention wider than the embedding (many or large heads): its Q, K, V and output rows are what is live
     attention = max(
@@ -68,11 +70,8 @@ def compute_estimate(
     per_token = max(
         per_token, costs.activation_bytes_per_attention * attention + costs.activation_bytes_per_embd * n_embd
     )
-    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=ctx.n_ctx_seq)
-    mask = n_kv * ctx.n_ubatch * (2 if kv.flash_attn else 4 * n_head)
-    tool = req.tool if req is not None else "server"
-    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
-    logits = facts.vocab_size * 4 * n_outputs
+    mask = _attention_bytes(facts, kv)
+    logits = logits_bytes(facts, kv, req)
     copies = 0
     width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
     width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
@@ -82,6 +81,32 @@ def compute_estimate(
     if kv_f16_copies and kv_on_host and req is not None:
         copies += n_kv * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v))
     return ctx.n_ubatch * per_token + mask + logits + copies
+
+
+def _n_kv(kv: KvPlan) -> int:
+    """The cells one attention reads at most: the largest KV cache (not recurrent state nor DSV4's states)."""
+    return max((c.cells for c in kv.caches if c.kind not in ("recurrent", *STATE_KINDS)), default=kv.context.n_ctx_seq)
+
+
+def _attention_bytes(facts: ModelFacts, kv: KvPlan) -> int:
+    """The attention mask, n_kv x n_ubatch: f16 with flash attention, f32 scores per head without it."""
+    return _n_kv(kv) * kv.context.n_ubatch * (2 if kv.flash_attn else 4 * max(facts.head_count, default=1))
+
+
+def logits_bytes(facts: ModelFacts, kv: KvPlan, req: KvRequest | None) -> int:
+    """The logits of the outputs one ubatch may hold (see compute_estimate)."""
+    ctx = kv.context
+    tool = req.tool if req is not None else "server"
+    n_outputs = max(ctx.n_seq_max, 1) if tool == "server" else ctx.n_ubatch
+    return facts.vocab_size * 4 * n_outputs
+
+
+def split_compute(facts: ModelFacts, kv: KvPlan, req: KvRequest | None, costs: ComputeCosts) -> int:
+    """One CPU device's graph in a layer split ([compute] split_*), without the logits, the first device's
+    inputs from the host and the pipeline's extra copies of the mask (plan.memory adds them where they are)."""
+    per_token = costs.split_bytes_per_token + costs.split_bytes_per_embd * facts.embedding_length
+    per_token += costs.split_bytes_per_ff * max(facts.feed_forward_length, facts.embedding_length)
+    return kv.context.n_ubatch * per_token + _attention_bytes(facts, kv)
 
 
 def expert_ff_width(facts: ModelFacts) -> int:
@@ -95,10 +120,29 @@ def expert_ff_width(facts: ModelFacts) -> int:
     return widest
 
 
+def device_compute(
+    facts: ModelFacts, kv: KvPlan, req: KvRequest, target: Target, placed: Sequence[str], compute: int
+) -> dict[str, int]:
+    """The compute buffer of each device that runs layers in a layer split (placed: each layer's place, the
+    output layer last). CPU devices (RPC workers under a CPU-only head): each from its own place, the first
+    taking the host's inputs and the output layer's the logits ([compute] split_*); otherwise `compute`, the
+    whole graph's estimate, on each."""
+    holders = [p for p in dict.fromkeys(placed[:-1]) if p != "host"]
+    costs = target.compute_costs or packaged_compute_costs()
+    if target.on_gpu or not costs.split_bytes_per_token:
+        return {place: compute for place in holders}
+    own = split_compute(facts, kv, req, costs) + target.compute_extra
+    first = costs.split_first_bytes_per_embd * facts.embedding_length * kv.context.n_ubatch
+    logits = logits_bytes(facts, kv, req)
+    return {
+        place: own + (first if i == 0 else 0) + (logits if placed[-1] == place else 0)
+        for i, place in enumerate(holders)
+    }
+
+
 def input_mask_bytes(kv: KvPlan) -> int:
     """The attention mask a graph takes as input: n_kv x n_ubatch, f16 with flash attention, f32 without."""
-    n_kv = max((c.cells for c in kv.caches if c.kind != "recurrent"), default=kv.context.n_ctx_seq)
-    return n_kv * kv.context.n_ubatch * (2 if kv.flash_attn else 4)
+    return _n_kv(kv) * kv.context.n_ubatch * (2 if kv.flash_attn else 4)
 
 
 def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:

@@ -7,14 +7,18 @@ Owns that arithmetic over one set of settings; must not choose settings (the pla
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
-from safe_llama.model.kv import KvPlan, KvRequest, buffers, plan_kv
+from safe_llama.model.kv import KvPlan, buffers, plan_kv
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
+from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes
+from safe_llama.plan.settings import Draft as Draft
+from safe_llama.plan.settings import Layout as Layout
+from safe_llama.plan.settings import Settings as Settings
 from safe_llama.plan.split import (
     Override,
     balanced_split,
@@ -47,49 +51,6 @@ class Allocation:
     @property
     def fits(self) -> bool:
         return self.bytes <= self.limit
-
-
-@dataclass(frozen=True)
-class Draft:
-    """A second model loaded beside the main one (-md / -hfd): weights and a KV of the same context."""
-
-    facts: ModelFacts
-    n_gpu_layers: int | None  # None: all
-    type_k: str = "f16"
-    type_v: str = "f16"
-    overrides: tuple[Override, ...] = ()
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The command line's memory options that are not the KV request: where things live."""
-
-    kv_offload: bool = True  # False (-nkvo): the KV stays in host RAM
-    op_offload: bool = True  # False (--no-op-offload): operations on host tensors stay on the CPU
-    overrides: tuple[Override, ...] = ()
-    devices: tuple[str, ...] = ()  # -dev A,B (several: layers split between them)
-    split_mode: str = "layer"  # none: everything on the main GPU
-    tensor_split: tuple[float, ...] = ()  # -ts proportions, per device
-    # no -ts from the user and RPC workers among the devices: the plan chooses the split (balanced_split)
-    balance: bool = False
-    main_gpu: int = 0
-    mmproj_bytes: int = 0  # the projector file (-mm, or -hf's own)
-    mmproj_offload: bool = True
-    prompt_cache_mib: int = 0  # -cram: llama-server's prompt cache limit (-1: none but the context)
-    # -cram's value is set (the user's, or the plan's under a cgroup): the cache counts in a cgroup's charge
-    prompt_cache_set: bool = False
-    ctx_checkpoints: int = 0  # -ctxcp: context checkpoints per llama-server slot (llama.cpp's 32 by default)
-    ctx_checkpoints_set: bool = False  # as prompt_cache_set, for -ctxcp
-    load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
-    draft: Draft | None = None
-
-
-@dataclass(frozen=True)
-class Settings:
-    kv: KvRequest
-    stateful: bool = False
-    n_gpu_layers: int | None = None  # None: all layers on the device (llama.cpp's default)
-    layout: Layout = field(default_factory=Layout)
 
 
 def _model_memory(
@@ -214,10 +175,9 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
             add("host", "kv", out.get(place, {}).get("kv", 0))
     if len(devices) > 1:
         # every device that runs layers reserves its own graph (with its copies of the inputs, pipelined)
-        holders = set(layer_places(n_layer, offloaded, devices, split)[:n_layer])
-        for place in devices:
-            if place in holders:
-                add(place, "compute", compute + copies)
+        placed = layer_places(n_layer, offloaded, devices, split)
+        for place, size in compute_by_device(facts, kv, settings.kv, target, placed[: n_layer + 1], compute).items():
+            add(place, "compute", size + copies)
     else:
         add(main, "compute", compute)
     for remote in target.remote:
@@ -345,7 +305,7 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
         if limit.kind == "address space":
             # every mapping counts: the whole file when mapped, reserved but untouched buffers, thread stacks
             # and malloc arenas (the fixed overhead), the tokenizer, and llama-server's per-cell bookkeeping
-            overhead = policy.per_backend(policy.address_space_overhead, target.backend)
+            overhead = policy.address_space_fixed(target.backend, settings.kv.tool)
             overhead += policy.address_space_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.address_space_per_cell * kv.context.n_ctx
             weights = device_copies + (facts.file_size + (draft.file_size if draft else 0) if mapped else host_weights)

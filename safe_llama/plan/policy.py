@@ -27,6 +27,11 @@ class ComputeCosts:
     activation_bytes_per_ff: int
     host_inputs_bytes: int
     activation_bytes_per_attention: int = 0  # per element of one token's Q, K, V and attention output rows
+    # a layer split over CPU devices (RPC workers under a CPU-only head): each device's own graph per token
+    split_bytes_per_token: int = 0
+    split_bytes_per_embd: int = 0
+    split_bytes_per_ff: int = 0
+    split_first_bytes_per_embd: int = 0  # ...and the first device's inputs from the host on top
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Policy:
     address_space_per_vocab_token: int
     address_space_per_cell: int
     address_space_margin: int
+    address_space_server_loop: int
     kv_split: Mapping[str, Any]
     ladder: Mapping[str, tuple[str, ...]]
     malloc_arena_max: int
@@ -73,6 +79,12 @@ class Policy:
 
     def per_backend(self, table: Mapping[str, Any], backend: str) -> Any:
         return table.get(backend, table.get("default"))
+
+    def address_space_fixed(self, backend: str, tool: str) -> int:
+        """The fixed part of the address space a llama.cpp process maps beside its buffers; llama-server's
+        also holds its task loop's thread, made after `model loaded` (short of it, it aborts unserved)."""
+        fixed = int(self.per_backend(self.address_space_overhead, backend))
+        return fixed + (self.address_space_server_loop if tool == "server" else 0)
 
     def ladder_for(self, backend: str, tool: str) -> tuple[str, ...]:
         for key in (f"{backend}.{tool}", backend, "default"):
@@ -168,6 +180,7 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
         address_space_per_vocab_token=setting("address_space_bytes_per_vocab_token", int, 0),
         address_space_per_cell=setting("address_space_bytes_per_cell", int, 0),
         address_space_margin=setting("address_space_margin_bytes", int, 0),
+        address_space_server_loop=setting("address_space_server_loop_bytes", int, 0),
         kv_split=setting("kv_split", dict),
         ladder=ladder,
         malloc_arena_max=setting("malloc_arena_max", int, 0),
@@ -180,7 +193,11 @@ def load_policy(path: Path, user_config: Path | None = None) -> Policy:
                 int(t["activation_bytes_per_embd"]),
                 int(t["activation_bytes_per_ff"]),
                 int(t["host_inputs_bytes"]),
-                int(t.get("activation_bytes_per_attention", 0)),
+                activation_bytes_per_attention=int(t.get("activation_bytes_per_attention", 0)),
+                split_bytes_per_token=int(t.get("split_bytes_per_token", 0)),
+                split_bytes_per_embd=int(t.get("split_bytes_per_embd", 0)),
+                split_bytes_per_ff=int(t.get("split_bytes_per_ff", 0)),
+                split_first_bytes_per_embd=int(t.get("split_first_bytes_per_embd", 0)),
             ),
         ),
         process_per_vocab_token=setting("process_bytes_per_vocab_token", int, 0),

@@ -31,9 +31,9 @@ if TYPE_CHECKING:  # the planner's side is imported where used: an early start m
 
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
 # Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
-# seen and retried. Not llama-server: it logs `model loaded` before creating its HTTP thread pool, and
-# under ulimit -v a context just past the limit aborts there (std::system_error, exit 134) once ready.
-_READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion"})
+# seen and retried. llama-server too: it is ready once its task loop answers (readiness.HealthProbe), not
+# at `model loaded`, after which a context just past ulimit -v still aborts (std::system_error, exit 134).
+_READY_AFTER_EVERY_ALLOCATION = frozenset({"cli", "completion", "server"})
 
 
 def _remember_key(prepared: Prepared, binary: Path) -> str:
@@ -73,7 +73,7 @@ def run(
     from safe_llama.device.binaries import find_binary
     from safe_llama.run import remember, supervise
     from safe_llama.run.prepare import final_argv, free_again, prepare, replan
-    from safe_llama.run.readiness import probe_for
+    from safe_llama.run.readiness import HealthProbe, probe_for
     from safe_llama.run.retry import Learned, learn
     from safe_llama.run.signatures import load_table
 
@@ -172,7 +172,7 @@ def run(
                 if recorder is not None and door is not None and attempt == 1 and not recalled:
                     on_ready.record = LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
             probe = probe_for(tool, argv, {**base_env, **extra_env})
-            on_ready.health = probe.check if tool == "server" else None
+            on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
             notifier.extend_timeout(EXTEND_TIMEOUT)
             if recorder is not None:
                 recorder.close()  # the window ends where attempt 1 starts
@@ -357,7 +357,7 @@ def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
     for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
     from safe_llama.run import supervise
-    from safe_llama.run.readiness import probe_for
+    from safe_llama.run.readiness import HealthProbe, probe_for
     from safe_llama.run.signatures import load_table
 
     env = os.environ
@@ -370,7 +370,7 @@ def adopted(early: Early, door_args: list[str]) -> int:
     notifier.status(early.status)
     on_ready = ReadyActions(say, notifier, 1)
     probe = probe_for(tool, early.argv[1:], early.env)
-    on_ready.health = probe.check if tool == "server" else None
+    on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
     notifier.extend_timeout(EXTEND_TIMEOUT)
     outcome = supervise.launch(
         early.argv,

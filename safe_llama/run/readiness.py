@@ -12,7 +12,8 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,8 +25,12 @@ if TYPE_CHECKING:
 
 _LISTENING = re.compile(r"listening on https?://\S+:(\d+)")
 # llama-server's own word that /health now answers 200 (tools/server/server.cpp, right after is_ready):
-# `srv  llama_server: model loaded`. A server stopped a moment later was still ready.
+# `srv  llama_server: model loaded`. Not yet serving: the main thread then starts its task loop, whose
+# worker thread is the first thing a start just above RLIMIT_AS cannot create (std::system_error, abort).
 _MODEL_LOADED = re.compile(r"srv +\w+: model loaded$", re.MULTILINE)
+# A server whose task loop cannot be asked (slots endpoint off, an API key) is taken as serving once it has
+# lived this long past `model loaded` (the task loop's thread is made within milliseconds of it).
+SERVE_SETTLE = 1.0
 _LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - mapping, not binding
 
 
@@ -148,8 +153,10 @@ def _unix_socket(path: str, timeout: float) -> socket.socket:
 
 @dataclass
 class HealthProbe:
-    """llama-server: ready when it logs `model loaded`, or when GET {prefix}/health answers 200 (503 while
-    the model loads), whichever comes first.
+    """llama-server: loaded when it logs `model loaded` or GET {prefix}/health answers 200 (503 while the
+    model loads); ready (serving) once loaded and GET {prefix}/slots answers 200, which only the server's
+    task loop can do, or, when that endpoint cannot answer (--no-slots, an API key), once it has lived
+    SERVE_SETTLE seconds since it loaded. A server that dies between the two never was ready.
 
     With --port 0 the port is learnt from the `listening on http://HOST:PORT` line.
     """
@@ -161,7 +168,10 @@ class HealthProbe:
     unix_socket: str | None = None
     interval: float = 0.2
     timeout: float = 1.0
+    settle: float = SERVE_SETTLE
     _tail: _Tail = field(default_factory=lambda: _Tail(keep=128), init=False, repr=False, compare=False)
+    _loaded_at: float | None = field(default=None, init=False, repr=False, compare=False)
+    _clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
     def output(self, stream: Stream, data: bytes) -> bool:
         seen = self._tail.push(data)
@@ -169,7 +179,9 @@ class HealthProbe:
             found = _LISTENING.search(seen)
             if found is not None:
                 self.port = int(found.group(1))
-        return _MODEL_LOADED.search(seen) is not None
+        if self._loaded_at is None and _MODEL_LOADED.search(seen) is not None:
+            self._loaded_at = self._clock()
+        return False  # serving is for check() to see
 
     def poll_interval(self) -> float | None:
         return self.interval
@@ -192,21 +204,35 @@ class HealthProbe:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def check(self) -> bool:
+        """Serving: loaded, and the task loop answered (or the server outlived the settle time)."""
+        if self._loaded_at is None:
+            if self.healthy():
+                self._loaded_at = self._clock()
+            return False
+        if self._status(self.path.removesuffix("/health") + "/slots") == 200:
+            return True
+        return self._clock() - self._loaded_at >= self.settle
+
+    def healthy(self) -> bool:
+        """GET /health answers 200 (the watchdog's question once the server is ready)."""
+        return self._status(self.path) == 200
+
+    def _status(self, path: str) -> int | None:
         import http.client
 
         if self.port == 0 and self.unix_socket is None:
-            return False
+            return None
         try:
             conn = self._connection()
         except OSError:
-            return False
+            return None
         try:
-            conn.request("GET", self.path, headers={"Connection": "close"})
+            conn.request("GET", path, headers={"Connection": "close"})
             response = conn.getresponse()
             response.read()
-            return response.status == 200
+            return response.status
         except (OSError, http.client.HTTPException):
-            return False
+            return None
         finally:
             conn.close()
 

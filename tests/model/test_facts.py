@@ -367,13 +367,12 @@ CASES = [
         id="unknown-arch",
     ),
     pytest.param(
-        meta("deepseek4", 2, 512, 8),
+        meta("t5", 2, 512, 8),
         dict(
             known_architecture=False,
             notes=(
-                "architecture 'deepseek4' is not modelled exactly (llama_kv_cache_dsv4 keeps a sliding window "
-                "and compressed caches, not a full-context cache per layer): "
-                "its KV estimate is an over-estimate (never under)",
+                "architecture 't5' is not modelled exactly (an encoder-decoder, draft head or projector): "
+                "its KV estimate is of unknown direction",
             ),
         ),
         id="unmodelled-arch",

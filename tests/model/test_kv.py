@@ -18,6 +18,7 @@ from safe_llama.model.kv import (
     resolve_context,
     row_bytes,
 )
+from safe_llama.model.sparse import SparseMemory
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Facts:
     sliding_window: int = 0
     is_mla: bool = False
     layers: Sequence[Layer] = field(default_factory=tuple)
+    sparse: SparseMemory | None = None
 
 
 LLAMA_3B = Facts(layers=tuple(Layer() for _ in range(28)))  # 8 KV heads x 128

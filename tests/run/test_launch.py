@@ -4,8 +4,10 @@ remembered plan), the seed's OpenVINO failure through a fake binary, passthrough
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.llama_run import free_port, healthy
+from tests.llama_run import free_port, healthy, run_server_until_ready, serving
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 GIB = 1 << 30
@@ -361,8 +363,12 @@ def test_ggml_init_assert_before_the_memory_line_is_retried(seed: tuple[dict[str
     assert "GGML_ASSERT(ctx->mem_buffer != NULL)" in failed[0] and "retrying" in failed[0]
 
 
-def test_server_stopped_right_after_readiness_is_remembered(seed: tuple[dict[str, str], Path, Path]) -> None:
-    """Readiness is llama-server's own `model loaded` line: a stop a moment later still stores the plan."""
+@pytest.mark.parametrize(("wait", "remembered"), [(0.0, 0), (2.0, 1)], ids=["stopped-at-once", "stopped-later"])
+def test_server_remembered_only_once_it_serves(
+    seed: tuple[dict[str, str], Path, Path], wait: float, remembered: int
+) -> None:
+    """`model loaded` is not serving: a server stopped at once is no start to remember; one that outlived
+    readiness.SERVE_SETTLE (this fake has no task loop to ask) was ready, and its plan is stored."""
     env, model, _ = seed
     env = {**env, "FAKE_TOOL": "server"}
     proc = safe_llama(["server", "-m", str(model), "-c", "8192", "--port", str(free_port())], env)
@@ -373,14 +379,15 @@ def test_server_stopped_right_after_readiness_is_remembered(seed: tuple[dict[str
             line = proc.stderr.readline()
             assert line, seen.decode()[-2000:]
             seen += line
-        proc.send_signal(signal.SIGTERM)  # at once: well before any /health poll
+        time.sleep(wait)
+        proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[1]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, (seen + rest).decode()[-2000:]
-    assert len(_plans(env)) == 1
+    assert len(_plans(env)) == remembered
 
 
 def _run_under(args: list[str], env: dict[str, str], as_limit_kib: int) -> subprocess.CompletedProcess[str]:
@@ -422,3 +429,81 @@ def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> N
             launch_options(settings)
     else:
         assert launch_options(settings).attempts == expected
+
+
+def _bare_server_under(llama_bin: Path, args: list[str], env: dict[str, str], kib: int) -> tuple[bool, bool, str]:
+    """The bare llama-server under ulimit -v kib: (logged `model loaded`, served, its log)."""
+    code, log = run_server_until_ready(llama_bin, args, env, as_limit_kib=kib)
+    return "model loaded" in log, code is None, log
+
+
+def _loaded_from(llama_bin: Path, args: list[str], env: dict[str, str]) -> int:
+    """About the least ulimit -v (KiB) at which the bare llama-server logs `model loaded` (bisection at
+    512 KiB; the address space a start needs varies by a few MiB from run to run)."""
+    lo, hi = 200_000, 2_000_000  # does not load / loads
+    while hi - lo > 512:
+        mid = (lo + hi) // 2
+        if _bare_server_under(llama_bin, args, env, mid)[0]:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def serve_until_serving(args: list[str], env: dict[str, str], as_limit_kib: int) -> tuple[bool, int, str]:
+    """safe-llama server under ulimit -v until the server serves (GET /slots) or safe-llama exits."""
+    port = free_port()
+    proc = safe_llama(["server", *args, "--port", str(port)], env, as_limit_kib=as_limit_kib)
+    served = False
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if serving(port):
+            served = True
+            time.sleep(1.0)  # the supervisor's own poll sees it too
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    return served, proc.returncode, err.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_start_that_dies_after_model_loaded_is_a_failed_start(
+    env: dict[str, str], llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]
+) -> None:
+    """Under a real RLIMIT_AS just above what `model loaded` needs, llama-server aborts creating its task
+    loop's thread (std::system_error). Launched as asked (prediction off) that start is a failed attempt,
+    retried smaller, and only the start that serves is remembered; planned, the start keeps out of it."""
+    # no warm-up: the warm-up's threads may leave a stack for the task loop's thread to reuse (then no sliver)
+    args = ["-m", str(bundled_model), "-c", "32768", "-fit", "off", "--no-warmup"]
+    arena = {"MALLOC_ARENA_MAX": "2"}  # the user's: the plan keeps it, and the limit is then deterministic
+    start = _loaded_from(llama_bin, args, {**clean_env, **arena})
+    # the sliver is a few MiB wide and moves by as much from run to run: walk up to it with safe-llama itself
+    for kib in range(start - 4096, start + 16_384, 512):
+        served, code, err = serve_until_serving(args, {**env, **arena, "SAFE_LLAMA_PREDICT": "0"}, kib)
+        assert served and code == 0, err[-3000:]  # every start ends serving, whatever attempt 1 hit
+        failed = _attempt_lines(err)
+        died = err.find("what():  Resource temporarily unavailable")  # after `model loaded`, in attempt 1
+        if len(failed) == 1 and "Resource temporarily" in failed[0] and 0 <= err.find("model loaded") < died:
+            break
+        shutil.rmtree(Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "plans", ignore_errors=True)
+    else:
+        raise AssertionError(f"no limit from {start - 4096} KiB on made attempt 1 die after `model loaded`")
+    # attempt 1 had logged `model loaded` (the old readiness said ready there), then died unserved
+    plans = _plans(env)
+    assert len(plans) == 1  # the retry's plan, which served
+    remembered = json.loads(plans[0].read_text())
+    assert _kv_of(bundled_model, 32768) > remembered["kv_bytes"]
+
+    planned_env = {**env, **arena, "XDG_CACHE_HOME": env["XDG_CACHE_HOME"] + "-planned"}
+    served, code, err = serve_until_serving(args, planned_env, kib)
+    assert served and code == 0, err[-3000:]
+    assert _attempt_lines(err) == [], err[-3000:]  # the plan left room for the task loop's thread
+
+
+def _kv_of(model: Path, n_ctx: int) -> int:
+    from safe_llama.model.facts import load_model_facts
+    from safe_llama.model.kv import KvRequest, plan_kv
+
+    return plan_kv(load_model_facts(model), KvRequest("server", n_ctx=n_ctx)).total_bytes

@@ -15,6 +15,7 @@ import pytest
 from safe_llama.run.readiness import GenerationProbe, HealthProbe, PromptProbe, probe_for, server_probe
 from safe_llama.run.relay import Stream
 from tests import FIXTURES
+from tests.llama_run import free_port
 from tests.run.supervision import driver_argv, in_pty, run_driver
 
 LOGS = FIXTURES / "logs"
@@ -76,6 +77,45 @@ def test_health_probe_learns_port_zero_from_the_log() -> None:
     assert probe.output(Stream.STDERR, line[:40]) is False
     assert probe.output(Stream.STDERR, line[40:]) is False  # ready only by /health
     assert probe.port == 43123
+
+
+def test_health_probe_is_not_ready_at_model_loaded() -> None:
+    """The real log of a server that logged `model loaded` and then aborted (RLIMIT_AS): its output alone
+    never makes it ready, and with nothing answering, neither does the wait."""
+    now = [0.0]
+    probe = HealthProbe("127.0.0.1", free_port(), settle=1.0, _clock=lambda: now[0])
+    assert probe.output(Stream.COMBINED, _fixture("server-thread-sliver.log")) is False
+    assert probe.check() is False  # /slots does not answer: loaded, not yet serving
+    now[0] = 1.0
+    assert probe.check() is True  # it outlived the settle time: the supervisor saw no exit
+
+
+def test_health_probe_serving_when_the_task_loop_answers() -> None:
+    """A server whose GET /slots answers 200 serves at once; /health alone only says it loaded."""
+    import http.server
+    import threading
+
+    answers = {"/health": 200, "/slots": 503}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(answers.get(self.path, 404))
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe = HealthProbe("127.0.0.1", server.server_address[1], settle=3600)
+        assert probe.check() is False  # /health 200: loaded
+        assert probe.check() is False  # the task loop does not answer yet
+        answers["/slots"] = 200
+        assert probe.check() is True
+        assert probe.healthy() is True
+    finally:
+        server.shutdown()
 
 
 def test_probe_for_each_tool() -> None:

@@ -215,9 +215,12 @@ def test_planned_split_starts_first_time_and_matches_each_worker(
             planned = plan["memory"][names[worker.endpoint]]
             assert real["model"] == pytest.approx(planned["weights"] / MIB, abs=0.01)
             assert real["KV"] == pytest.approx(planned["kv"] / MIB, abs=0.01)
-            # one compute estimate for every worker with layers: the fullest's to 1%, the others' above theirs
+            # each worker's compute from its own place in the split ([compute] split_*): within 1% above and 10%
+            # below; a worker with a single repeating layer reserves less than the fit says (conservative)
             assert real["compute"] <= planned["compute"] / MIB * 1.01
-            assert real["compute"] >= planned["compute"] / MIB * 0.6
+            at = [w.endpoint for w in workers].index(worker.endpoint)
+            repeating = layers[at] - (1 if at == len(layers) - 1 else 0)
+            assert real["compute"] >= planned["compute"] / MIB * (0.9 if repeating >= 2 else 0.6)
             charged = int((worker.group / "memory.usage_in_bytes").read_text())
             assert charged < worker.limit_mib * MIB
         assert all(w.oom_kills() == 0 and w.proc is not None and w.proc.poll() is None for w in workers)

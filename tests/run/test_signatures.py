@@ -102,6 +102,11 @@ LINES = [
         id="libgomp-thread-creation",
     ),
     pytest.param(
+        log_line("server-thread-sliver.log", "what():"),
+        ("std-thread-create", "alloc", None, None, None),
+        id="std-thread-after-model-loaded",
+    ),
+    pytest.param(
         log_line("completion-bad-alloc.log", "bad_alloc"),
         ("bad-alloc", "alloc", None, None, None),
         id="bad-alloc",
