@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The wrapper side: launch() with stdout a pipe to this benchmark; its own peak RSS on stderr at the end.
 DRIVER = """
 import os, sys
-from safe_llama.run.signatures import load_table
+from safe_llama.diagnosis.signatures import load_table
 from safe_llama.run.supervise import GenerationProbe, SignatureWatcher, launch
 probe = GenerationProbe() if sys.argv[1] == "ready" else None
 outcome = launch(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)

@@ -1,6 +1,7 @@
 """The package tree is the architecture (safe_llama/*/__init__.py say what each owns): imports go one way,
-from the doors (entry, cli) through commands, run, plan, device and cmdline down to model and the shared
-leaves, and no module imports itself back through others. Lazy imports inside functions count too."""
+from the doors (entry, cli) through commands, run, pipeline, diagnosis, plan, device and cmdline down to
+model and the shared leaves, and no module imports itself back through others. Lazy imports inside
+functions count too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from tests import ROOT
 
 PACKAGE = ROOT / "safe_llama"
 # lower number: lower layer; a module may import its own layer and the ones below
-LAYERS = {"leaf": 0, "model": 1, "cmdline": 2, "device": 3, "plan": 4, "run": 5, "commands": 6, "door": 7}
+LAYERS = {
+    "leaf": 0, "model": 1, "cmdline": 2, "device": 3, "plan": 4, "diagnosis": 5, "pipeline": 6, "run": 7,
+    "commands": 8, "door": 9,
+}  # fmt: skip
 LEAVES = {"errors", "units", "paths", "state", "startup", "__init__"}
 DOORS = {"entry", "cli", "__main__"}
 

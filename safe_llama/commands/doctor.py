@@ -31,11 +31,11 @@ from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
+from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Target, kv_splits
-from safe_llama.run.signatures import load_table
 from safe_llama.units import human
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -511,7 +511,7 @@ def _directory(role: str, path: Path, variable: str, env: Mapping[str, str], uid
 
 
 def _config_problems(env: Mapping[str, str]) -> tuple[tuple[str, ...], Policy | None]:
-    from safe_llama.plan.words import load_words
+    from safe_llama.diagnosis.words import load_words
 
     problems: list[str] = []
     policy = None

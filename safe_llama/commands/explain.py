@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.binaries import TOOL_BINARY
 from safe_llama.device.limits import Sourced
-from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.plan.number_remedies import number_remedies, per_token_words
-from safe_llama.plan.policy import Policy
-from safe_llama.plan.remedies import (
+from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
+from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words
+from safe_llama.diagnosis.own_lines import OwnTable, load_own_table
+from safe_llama.diagnosis.own_outcome import own_exit, recovered, where_words
+from safe_llama.diagnosis.remedies import (
     Remedy,
     bytes_words,
     kv_identity,
@@ -34,14 +35,13 @@ from safe_llama.plan.remedies import (
     safe_llama_remedy,
     stage_remedies,
 )
+from safe_llama.diagnosis.words import Words, fill, load_words
+from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Target, kv_splits
-from safe_llama.plan.words import Words, fill, load_words
-from safe_llama.run.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
-from safe_llama.run.own_lines import OwnTable, load_own_table
-from safe_llama.run.own_outcome import own_exit, recovered, where_words
 
 if TYPE_CHECKING:
-    from safe_llama.run.prepare import Prepared
+    from safe_llama.pipeline.prepare import Prepared
 
 # recovered: a start failed and safe-llama's retry started it (the log shows it ready afterwards)
 Status = Literal["explained", "recovered", "no-failure", "unrecognised"]
@@ -333,7 +333,7 @@ def _model_inputs(
     machine as the target; or why not. Probes nothing: no llama.cpp, no OpenCL, no sysfs."""
     from safe_llama.cmdline.request import to_request
     from safe_llama.model.facts_cache import facts_for
-    from safe_llama.run.prepare import Prepared, layout_for
+    from safe_llama.pipeline.prepare import Prepared, layout_for
 
     failure = reading.failure
     if run.model_path is None or failure is None:
@@ -373,9 +373,9 @@ def run_explain(
     out: TextIO | None = None,
 ) -> int:
     """`safe-llama explain`: read, explain, print; the exit code (0 explained, 1 nothing recognised)."""
+    from safe_llama.diagnosis.signatures import load_table
     from safe_llama.paths import config_dir, configs_dir
     from safe_llama.plan.policy import load_policy
-    from safe_llama.run.signatures import load_table
 
     text = _read_input(file, sys.stdin if stdin is None else stdin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)

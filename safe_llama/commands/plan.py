@@ -13,9 +13,9 @@ from safe_llama.cmdline.llama_args import parse, redact_argv
 from safe_llama.cmdline.model_source import ModelSource, resolve
 from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
+from safe_llama.pipeline.prepare import PlanOptions, context_note, final_argv, prepare
 from safe_llama.plan import render
 from safe_llama.plan.memory import Settings, memory_by_place
-from safe_llama.run.prepare import PlanOptions, context_note, final_argv, prepare
 
 
 def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:
@@ -106,7 +106,7 @@ def run_plan(
     from dataclasses import replace
 
     from safe_llama.cmdline import launch_args
-    from safe_llama.run.options import launch_options
+    from safe_llama.pipeline.options import launch_options
 
     typed = {
         "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,

@@ -18,11 +18,11 @@ from safe_llama.run.sdnotify import Notifier
 from safe_llama.units import human
 
 if TYPE_CHECKING:
+    from safe_llama.diagnosis.signatures import Failure, SignatureTable
+    from safe_llama.pipeline.prepare import PlanOptions, Prepared
     from safe_llama.run.fast_record import Recorder
-    from safe_llama.run.prepare import PlanOptions, Prepared
     from safe_llama.run.readiness import ReadinessProbe
     from safe_llama.run.relay import Stream
-    from safe_llama.run.signatures import Failure, SignatureTable
     from safe_llama.run.supervise import Verdict
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads

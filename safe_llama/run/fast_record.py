@@ -41,7 +41,7 @@ from safe_llama import state
 from safe_llama.run import early
 
 if TYPE_CHECKING:
-    from safe_llama.run.prepare import PlanOptions, Prepared
+    from safe_llama.pipeline.prepare import PlanOptions, Prepared
 
 _PSEUDO_ROOTS = ("/proc/", "/sys/", "/dev/")
 _active: list[Recorder] = []  # the window open now (at most one)
@@ -254,7 +254,7 @@ def _secret_names(names: set[str]) -> set[str]:
 
 
 def _same_plan(a: Prepared, b: Prepared) -> bool:
-    from safe_llama.run.prepare import final_argv
+    from safe_llama.pipeline.prepare import final_argv
 
     if a.plan is None or b.plan is None:
         return False
@@ -278,9 +278,9 @@ def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str
     plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
     its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
     from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.pipeline.prepare import replan
     from safe_llama.plan.memory import allocations
     from safe_llama.plan.policy import load_policy
-    from safe_llama.run.prepare import replan
 
     limits = prepared.target.limits_on_host
     if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":

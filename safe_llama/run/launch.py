@@ -22,11 +22,11 @@ from safe_llama.state import check_cache
 from safe_llama.units import human
 
 if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
+    from safe_llama.diagnosis.signatures import Failure
+    from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.run.early import Early
     from safe_llama.run.fast_record import Recorder
-    from safe_llama.run.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.run.retry import Attempt
-    from safe_llama.run.signatures import Failure
     from safe_llama.run.supervise import Outcome
 
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
@@ -71,11 +71,11 @@ def run(
     door (which door, its words); first: attempt 1 already ran (started early, it failed for memory)."""
     from safe_llama.cmdline.llama_args import redact_argv
     from safe_llama.device.binaries import find_binary
+    from safe_llama.diagnosis.signatures import load_table
+    from safe_llama.pipeline.prepare import final_argv, free_again, prepare, replan
     from safe_llama.run import remember, supervise
-    from safe_llama.run.prepare import final_argv, free_again, prepare, replan
     from safe_llama.run.readiness import HealthProbe, probe_for
     from safe_llama.run.retry import Learned, learn
-    from safe_llama.run.signatures import load_table
 
     raw_env = recorder.raw if recorder is not None else env
     say = Say(raw_env)
@@ -302,7 +302,7 @@ def _attempted(prepared: Prepared, kv_now: tuple[int, int, int] | None, *, plann
 
 def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
     """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
-    from safe_llama.run.prepare import replan
+    from safe_llama.pipeline.prepare import replan
 
     if prepared.plan is None or options.kv_cap is None:
         return False
@@ -340,7 +340,7 @@ def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str
     file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`).
     door: which door was used and its words, to key a launch record for the next start (early.py)."""
     from safe_llama.cmdline import launch_args
-    from safe_llama.run.options import launch_options
+    from safe_llama.pipeline.options import launch_options
 
     if door is None:
         settings, origins = launch_args.resolve_sourced(given, os.environ)
@@ -356,9 +356,9 @@ def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str
 def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
     for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
+    from safe_llama.diagnosis.signatures import load_table
     from safe_llama.run import supervise
     from safe_llama.run.readiness import HealthProbe, probe_for
-    from safe_llama.run.signatures import load_table
 
     env = os.environ
     tool = early.tool
@@ -385,8 +385,8 @@ def adopted(early: Early, door_args: list[str]) -> int:
     if not outcome.retry:
         return outcome.exit_code
     from safe_llama.cmdline import launch_args
+    from safe_llama.pipeline.options import launch_options
     from safe_llama.run import fast_record
-    from safe_llama.run.options import launch_options
 
     fast_record.drop(early.path)
     if early.door == tool:  # a drop-in door: its words are the tool's

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from safe_llama.diagnosis.signatures import ESCAPES
 from safe_llama.run.relay import Stream
-from safe_llama.run.signatures import ESCAPES
 
 if TYPE_CHECKING:
     import http.client  # imported by the first health check: cli and completion never need it

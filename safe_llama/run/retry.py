@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from safe_llama.run.signatures import Failure
+from safe_llama.diagnosis.signatures import Failure
 from safe_llama.units import human
 
 # The first step below a failed size that taught nothing else: when the next attempt starts, it is within

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from safe_llama.device.probe_host import oom_counters, oom_evidence
+from safe_llama.diagnosis.signatures import Failure, Match, Scanner, SignatureTable, classify
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.run.childproc import GUARD_ENV, Started, block_watched, forwardable, terminal_foreground
 from safe_llama.run.readiness import ProbeThread, ReadinessProbe
@@ -51,7 +52,6 @@ from safe_llama.run.signals import (
     is_stopped,
     signal_keys,
 )
-from safe_llama.run.signatures import Failure, Match, Scanner, SignatureTable, classify
 from safe_llama.run.spawn import Child
 
 

@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from safe_llama.cmdline.rpc_args import parse_rpc_args
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.probe_host import probe_host
+from safe_llama.diagnosis.signatures import Failure
 from safe_llama.run import supervise
 from safe_llama.run.readiness import ListenProbe
 from safe_llama.run.relay import Stream
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
-from safe_llama.run.signatures import Failure
 from safe_llama.units import human
 
 

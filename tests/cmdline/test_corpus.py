@@ -17,7 +17,7 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.plan import plan_command
-from safe_llama.run.options import plan_options
+from safe_llama.pipeline.options import plan_options
 from tests import TESTS
 from tests.tiny_gguf import write_tiny_gguf
 

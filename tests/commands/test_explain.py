@@ -18,14 +18,14 @@ import pytest
 
 from safe_llama.commands import explain
 from safe_llama.commands.explain import Explanation, render_text, run_explain, stage_of, to_json
+from safe_llama.diagnosis.log_reading import failed_run, read_log
+from safe_llama.diagnosis.own_lines import load_own_table
+from safe_llama.diagnosis.remedies import Remedy
+from safe_llama.diagnosis.signatures import load_table
+from safe_llama.diagnosis.words import load_words
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import load_policy
-from safe_llama.plan.remedies import Remedy
-from safe_llama.plan.words import load_words
-from safe_llama.run.log_reading import failed_run, read_log
-from safe_llama.run.own_lines import load_own_table
-from safe_llama.run.signatures import load_table
 from tests import FIXTURES
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 

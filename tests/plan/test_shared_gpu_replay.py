@@ -14,6 +14,7 @@ import pytest
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
+from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import load_model_facts
 from safe_llama.paths import configs_dir
@@ -23,7 +24,6 @@ from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 from safe_llama.run.retry import Attempt, Learned, learn
-from safe_llama.run.signatures import classify, load_table, scan_text
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf
 

@@ -30,7 +30,7 @@ DRIVER = """\
 import dataclasses, json, os, sys, termios
 from safe_llama.errors import SafeLlamaError
 from safe_llama.run.readiness import probe_for
-from safe_llama.run.signatures import load_table
+from safe_llama.diagnosis.signatures import load_table
 from safe_llama.run.supervise import SignatureWatcher, launch
 
 

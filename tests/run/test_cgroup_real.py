@@ -112,7 +112,7 @@ def test_oom_kill_during_start_up_is_retried(
 # kills is not, and only the first is a memory failure.
 _DRIVER = """
 import json, sys
-from safe_llama.run.signatures import load_table
+from safe_llama.diagnosis.signatures import load_table
 from safe_llama.run.supervise import SignatureWatcher, launch
 outcome = launch(sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=SignatureWatcher(load_table()), use_pty=False)
 print(json.dumps({"returncode": outcome.returncode, "retry": outcome.retry,

@@ -226,8 +226,8 @@ def test_a_budget_below_the_plan_s_need_refuses_the_record(setup: Setup) -> None
 def test_the_least_budget_is_the_planner_s_own_threshold(setup: Setup) -> None:
     """Planning under exactly the recorded least budget gives the recorded plan; a byte less does not."""
     from safe_llama.cmdline import launch_args
-    from safe_llama.run.options import launch_options
-    from safe_llama.run.prepare import final_argv, prepare, replan
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import final_argv, prepare, replan
 
     setup.launch()
     least = setup.record()["host"][1]
@@ -290,7 +290,7 @@ def test_secrets_are_never_stored(setup: Setup) -> None:
 
 def test_a_literal_holding_a_secret_stops_the_record(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan that would write a secret's text into its own words (as a literal): no record."""
-    from safe_llama.run import prepare
+    from safe_llama.pipeline import prepare
 
     secret = "argv-secret-4"  # noqa: S105 -- a test value whose absence is checked
     real = prepare.final_argv
@@ -308,7 +308,7 @@ def test_no_record_without_remembering(setup: Setup) -> None:
 
 
 def test_a_stray_line_on_stderr_stops_the_record(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    from safe_llama.run import prepare
+    from safe_llama.pipeline import prepare
 
     real = prepare.prepare
 

@@ -421,7 +421,7 @@ def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple
 @pytest.mark.parametrize(("value", "expected"), [("0", None), ("-1", None), ("2", 2), (None, 4)])
 def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> None:
     from safe_llama.errors import SafeLlamaError
-    from safe_llama.run.options import launch_options
+    from safe_llama.pipeline.options import launch_options
 
     settings = {} if value is None else {"attempts": value}
     if expected is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from safe_llama.diagnosis.signatures import Failure, classify, load_table, scan_text
 from safe_llama.run.retry import STEP, Attempt, Learned, learn
-from safe_llama.run.signatures import Failure, classify, load_table, scan_text
 from tests import FIXTURES
 
 LOGS = FIXTURES / "logs"

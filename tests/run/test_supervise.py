@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from safe_llama.device.proc import GUARD_ENV
+from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.run.relay import Stream
-from safe_llama.run.signatures import load_table
 from safe_llama.run.supervise import SignatureWatcher, Verdict, check_not_nested, exit_code_for
 from tests import FIXTURES
 from tests.run.supervision import (

@@ -1,4 +1,4 @@
-"""Tests for safe_llama/run/log_reading.py: reading llama.cpp logs (the fixtures in tests/fixtures/logs/, real
+"""Tests for safe_llama/diagnosis/log_reading.py: reading llama.cpp logs (the fixtures in tests/fixtures/logs/, real
 output of the pinned llama.cpp, CPU and OpenVINO builds, and the seed report's text), the command lines quoted in
 them, and the failed run as far as it is known."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.run.log_reading import failed_run, parse_command, read_log
-from safe_llama.run.signatures import load_table
+from safe_llama.diagnosis.log_reading import failed_run, parse_command, read_log
+from safe_llama.diagnosis.signatures import load_table
 from tests import FIXTURES
 
 LOGS = FIXTURES / "logs"

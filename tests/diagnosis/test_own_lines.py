@@ -1,4 +1,4 @@
-"""run/own_lines.py: safe-llama's own lines told from llama.cpp's in every format safe-llama writes, and the
+"""diagnosis/own_lines.py: safe-llama's own lines told from llama.cpp's in every format safe-llama writes, and the
 table (configs/own-lines.toml) naming them. Explaining them is tests/commands/test_explain.py's."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from safe_llama.diagnosis.own_lines import load_own_table, own_text, parse_own_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import configs_dir
-from safe_llama.run.own_lines import load_own_table, own_text, parse_own_table
 from tests import FIXTURES
 
 OWN = load_own_table(configs_dir() / "own-lines.toml")

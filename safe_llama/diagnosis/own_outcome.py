@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from safe_llama.device.binaries import TOOL_BINARY
-from safe_llama.plan.remedies import Remedy, bytes_words
-from safe_llama.plan.words import Words, fill
-from safe_llama.run.log_reading import FailedRun, LogReading
-from safe_llama.run.own_lines import OwnLine
-from safe_llama.run.signatures import Failure
+from safe_llama.diagnosis.log_reading import FailedRun, LogReading
+from safe_llama.diagnosis.own_lines import OwnLine
+from safe_llama.diagnosis.remedies import Remedy, bytes_words
+from safe_llama.diagnosis.signatures import Failure
+from safe_llama.diagnosis.words import Words, fill
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Tests for safe_llama/run/signatures.py: the table, the incremental scanner, the classification.
+"""Tests for safe_llama/diagnosis/signatures.py: the table, the incremental scanner, the classification.
 
 Lines come from tests/fixtures/logs/ (real output of the pinned llama.cpp, the NVIDIA H200 recording and
 the seed report; each file's first line says how it was produced). Backends that cannot run here (HIP,
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.run.signatures import (
+from safe_llama.diagnosis.signatures import (
     Failure,
     Match,
     Scanner,
@@ -26,6 +25,7 @@ from safe_llama.run.signatures import (
     parse_table,
     scan_text,
 )
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests import FIXTURES
 
 LOGS = FIXTURES / "logs"

@@ -15,10 +15,10 @@ from typing import Any
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.list_devices import parse_list_devices
+from safe_llama.diagnosis.own_lines import OwnLine, OwnTable, own_text
+from safe_llama.diagnosis.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.kv import resolve_context
-from safe_llama.run.own_lines import OwnLine, OwnTable, own_text
-from safe_llama.run.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _LEVEL = re.compile(r"(?:\d+\.\d\d\.\d{3}\.\d{3} |^)(?P<level>[IWED]) ")

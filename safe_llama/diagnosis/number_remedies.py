@@ -12,10 +12,7 @@ from fractions import Fraction
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.errors import SafeLlamaError
-from safe_llama.model.kv import PAD, block_size, ctx_unit, row_bytes
-from safe_llama.plan.policy import Policy
-from safe_llama.plan.remedies import (
+from safe_llama.diagnosis.remedies import (
     STEP_SUMMARY,
     FailedAllocation,
     FailedCommand,
@@ -26,6 +23,9 @@ from safe_llama.plan.remedies import (
     stage_remedies,
     step_notes,
 )
+from safe_llama.errors import SafeLlamaError
+from safe_llama.model.kv import PAD, block_size, ctx_unit, row_bytes
+from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import STATEFUL_ENV
 from safe_llama.units import human
 

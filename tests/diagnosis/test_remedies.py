@@ -1,15 +1,15 @@
-"""Tests for safe_llama/plan/remedies.py: commands to paste, and the machine a log describes as a planner
+"""Tests for safe_llama/diagnosis/remedies.py: commands to paste, and the machine a log describes as a planner
 target. The remedies planned from a model run through `safe-llama explain` (tests/commands/test_explain.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from safe_llama.diagnosis.log_reading import LogFacts, failed_run, read_log
+from safe_llama.diagnosis.remedies import UNKNOWN_HOST, log_target, ready_command, stage_remedies
+from safe_llama.diagnosis.signatures import Failure, load_table
 from safe_llama.paths import configs_dir
 from safe_llama.plan.policy import load_policy
-from safe_llama.plan.remedies import UNKNOWN_HOST, log_target, ready_command, stage_remedies
-from safe_llama.run.log_reading import LogFacts, failed_run, read_log
-from safe_llama.run.signatures import Failure, load_table
 
 TABLE = load_table()
 POLICY = load_policy(configs_dir() / "planner.toml")

@@ -1,14 +1,14 @@
-"""Tests for safe_llama/plan/number_remedies.py: remedies from a log's numbers alone (no model)."""
+"""Tests for safe_llama/diagnosis/number_remedies.py: remedies from a log's numbers alone (no model)."""
 
 from __future__ import annotations
 
 import pytest
 
+from safe_llama.diagnosis import number_remedies as numbers
+from safe_llama.diagnosis.log_reading import LogFacts, failed_run
+from safe_llama.diagnosis.signatures import Failure
 from safe_llama.paths import configs_dir
-from safe_llama.plan import number_remedies as numbers
 from safe_llama.plan.policy import load_policy
-from safe_llama.run.log_reading import LogFacts, failed_run
-from safe_llama.run.signatures import Failure
 
 POLICY = load_policy(configs_dir() / "planner.toml")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.run.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOptions
+from safe_llama.pipeline.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOptions
 
 
 def _truthy(value: str | None, default: bool) -> bool:

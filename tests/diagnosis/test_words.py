@@ -1,13 +1,13 @@
-"""Tests for safe_llama/plan/words.py: explain's plain words (configs/explain.toml)."""
+"""Tests for safe_llama/diagnosis/words.py: explain's plain words (configs/explain.toml)."""
 
 from __future__ import annotations
 
 import pytest
 
+from safe_llama.diagnosis.signatures import load_table
+from safe_llama.diagnosis.words import fill, load_words, parse_words
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import configs_dir
-from safe_llama.plan.words import fill, load_words, parse_words
-from safe_llama.run.signatures import load_table
 
 TABLE = load_table()
 WORDS = load_words(configs_dir() / "explain.toml")
