@@ -264,11 +264,11 @@ def _rpc_server(args: ToolArgs = None) -> None:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str]) -> int:
-    from safe_llama.run.launch import launch
+    from safe_llama.run.launch import run_launch
     from safe_llama.run.passthrough import pass_through_early
 
     pass_through_early(tool, args, given)  # help, version, usage errors: llama.cpp's own
-    return launch(tool, args, given)
+    return run_launch(tool, args, given)
 
 
 def run_app(args: list[str]) -> int:

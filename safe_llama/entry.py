@@ -158,9 +158,9 @@ def _fast_start(argv: list[str] | None, part: str = "") -> None:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
-    from safe_llama.run.launch import launch
+    from safe_llama.run.launch import run_launch
 
-    return launch(tool, args, given, door=door)
+    return run_launch(tool, args, given, door=door)
 
 
 def _rpc_server(args: list[str]) -> int:
