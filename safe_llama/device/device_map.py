@@ -8,7 +8,6 @@ as a value (probe results, profiles, environment); it reads no files and runs no
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -284,7 +283,7 @@ def resolve_target(
     declared: DeclaredLimits = NOTHING_DECLARED,
     profile: DeviceProfile | None = None,
     profiles: Sequence[DeviceProfile] = (),
-    env: Mapping[str, str] = os.environ,
+    env: Mapping[str, str],
     rules: Mapping[str, BackendRule] | None = None,
     free_now: Sequence[FreeReading] = (),
     listing_age: float | None = None,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.run import early
-from safe_llama.run.childproc import GUARD_ENV
 from tests import ROOT
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
@@ -195,21 +195,6 @@ def test_an_exec_failure_of_a_record_s_binary_is_reported_by_the_full_path(
     os.chmod(shim, 0o644)
     code, _, err, _ = _run(args, env, tmp_path)
     assert code == 126 and "not executable" in err
-
-
-@pytest.mark.parametrize(
-    "env",
-    [
-        pytest.param({"XDG_CACHE_HOME": "/x/cache", "HOME": "/h"}, id="xdg"),
-        pytest.param({"XDG_CACHE_HOME": "relative", "HOME": "/h"}, id="relative-xdg-ignored"),
-        pytest.param({"HOME": "/h"}, id="home"),
-        pytest.param({"XDG_CACHE_HOME": ""}, id="empty"),
-    ],
-)
-def test_the_cache_folder_is_paths(env: dict[str, str]) -> None:
-    from safe_llama.paths import cache_dir
-
-    assert early.cache_root(env) == str(cache_dir(env))
 
 
 def test_the_host_figures_are_probe_host_s() -> None:
