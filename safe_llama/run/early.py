@@ -10,9 +10,9 @@ the plan needs (fast_record.py says why that rule is sound). The child then gets
 environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
-sys, marshal, hashlib, constants and childproc only: no subprocess, dataclasses, typing, pathlib, json, re)
-as it runs before anything else. Pipe mode only: a terminal on both stdin and stdout
-takes the normal path (the pty).
+sys, marshal, hashlib and constants; childproc, with signal, only once a record is found: no subprocess,
+dataclasses, typing, pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both
+stdin and stdout takes the normal path (the pty).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ import sys
 from safe_llama import __version__
 from safe_llama.constants import GUARD_ENV, cache_root, mask_values
 from safe_llama.device.oom_counters import parse_meminfo, read_counters
-from safe_llama.run import childproc
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
     from collections.abc import Collection, Mapping, Sequence
     from typing import Any
+
+    from safe_llama.run import childproc
 
 FORMAT = 1
 FOLDER = "launch"  # under the cache directory
@@ -258,6 +259,8 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | Non
         sources = list(record["counters"])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
+    from safe_llama.run import childproc
+
     child_env = childproc.supervised_env(env, extra, os.getpid())
     _, mask_before = childproc.block_watched(False)
     counters = read_counters(sources)
