@@ -3,7 +3,8 @@ and the record stored once that launch is ready.
 
 While a launch resolves its options, finds the binary and plans (the window, up to attempt 1's spawn), an
 audit hook notes every file opened and directory listed, the environment is a mapping that notes every
-variable read (and every prefix scanned), and stderr notes any line that is not one of the plan's reasons.
+variable read and prefix scanned (planning takes the environment only as an argument: every read is seen),
+and stderr notes any line that is not one of the plan's reasons.
 The record then holds the identity of all of it (early.py), plus the files only stat()ed on the way
 (the binary, the config file, PATH's folders, the bundled model's places, every argument naming a file)
 and safe-llama's own files. No record when the window saw something it cannot hold: the whole
@@ -181,8 +182,7 @@ def _pseudo(path: str) -> bool:
 
 
 def _own_files(env: Mapping[str, str]) -> list[str]:
-    """safe-llama's own files and folders (the package, the packaged configs and the ones in use): a change
-    is a new planner."""
+    """safe-llama's own files and folders (the package, its configs and those in use): a change is a new planner."""
     from safe_llama.paths import configs_dir, packaged_configs
 
     out: list[str] = []
