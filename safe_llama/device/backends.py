@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import cache_dir, config_dir, configs_dir
+from safe_llama.paths import cache_dir, config_dir, configs_dir, packaged_configs
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ def parse_backend_rules(data: Mapping[str, Any], where: str) -> dict[str, Backen
             )
         rules[key] = BackendRule(vendors, limit, why)
     return rules
+
+
+def packaged_backend_rules() -> dict[str, BackendRule]:
+    """The packaged configs/backends.toml alone (for a device chosen without a user's settings: tests, tools)."""
+    path = packaged_configs() / "backends.toml"
+    return parse_backend_rules(state.load_toml(path), str(path))
 
 
 def backend_rules(env: Mapping[str, str]) -> dict[str, BackendRule]:
