@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from safe_llama import __version__
-from safe_llama.cmdline.launch_args import TOOLS
+from safe_llama.constants import TOOLS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
 

@@ -5,9 +5,9 @@ load cli (typer, about 0.15 s of imports).
 A launch whose plan is known from a launch record starts llama.cpp first of all (run/early.py), before
 even the pass-through's option table is read: a record exists only for words that loaded a model.
 
-Owns those early exits and the mapping of failures to exit codes; must not import typer (nor, at import,
-anything: the early start runs before anything else, and the planner and the supervisor are imported
-where used).
+Owns those early exits and the mapping of failures to exit codes, and hands the process's environment to
+what it calls; must not import typer (nor, at import, anything but constants.py, a leaf: the early start runs
+before anything else, and the planner and the supervisor are imported where used).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-_TOOLS = ("cli", "server", "completion")  # launch_args.TOOLS, without importing it (a test holds them equal)
+from safe_llama.constants import TOOLS
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
     from safe_llama.run.early import Early
@@ -35,8 +36,6 @@ def plan_call(args: list[str]) -> dict[str, object] | None:
     """`plan [options] TOOL [llama.cpp args]` as run_plan's keywords, read as typer reads them (options
     before the tool, everything after it llama.cpp's); None for anything else (--help, an unknown or
     malformed option, a missing or unknown tool), which typer then answers."""
-    from safe_llama.cmdline.launch_args import TOOLS
-
     call: dict[str, object] = {}
     i = 0
     while i < len(args):
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     name = os.path.basename(sys.argv[0])
     # a launch's first word is a tool or an option (launch_args.split); a drop-in's name takes _drop_in's
-    if argv is None and not name.startswith("llama-") and args[:1] and (args[0] in _TOOLS or args[0][:1] == "-"):
+    if argv is None and not name.startswith("llama-") and args[:1] and (args[0] in TOOLS or args[0][:1] == "-"):
         early = _early("safe-llama", args)
         if early is not None:
             return _adopt(early, args)
@@ -85,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and name in DROP_IN:
         return _drop_in(DROP_IN[name], argv)
     if args[:1] == ["rpc-server"]:
-        _fast_start(argv)
         return guarded(lambda: _rpc_server(args[1:]))
     try:
         request = split(args)
@@ -97,10 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
         pass_through_early(tool, tool_args, given)
-        _fast_start(argv)
         door = None if argv is not None else ("safe-llama", list(args))
-        return _leave(guarded(lambda: _launch(tool, tool_args, given, door)), argv)
-    _fast_start(argv)
+        return guarded(lambda: _launch(tool, tool_args, given, door))
     call = plan_call(args[1:]) if args[:1] == ["plan"] else None
     if call is not None:
         from safe_llama.commands.plan import run_plan
@@ -115,46 +111,19 @@ def _early(door: str, args: list[str]) -> Early | None:
     """Attempt 1 started from a launch record (run/early.py), or None."""
     from safe_llama.run import early
 
-    return early.start(door, args)
+    return early.start(door, args, os.environ)
 
 
 def _adopt(started: Early, args: list[str]) -> int:
     """The supervisor takes over the early start."""
     from safe_llama.run.exits import guarded
 
-    _fast_start(None, "early")
-
     def body() -> int:
         from safe_llama.run.launch import adopted
 
         return adopted(started, args)
 
-    return _leave(guarded(body), None)
-
-
-def _leave(code: int, argv: list[str] | None) -> int:
-    """After a console script's own launch: exit now, as Python would but without tearing down every module
-    (some 8 ms once the child has exited): atexit's functions run, stdout and stderr are flushed."""
-    if argv is not None:
-        return code
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = 120  # what Python's own exit reports when its final flush fails
-    os._exit(code)
-
-
-def _fast_start(argv: list[str] | None, part: str = "") -> None:
-    """A console script's own run (argv None: not a caller inside another program) keeps the code of its
-    dataclass methods between runs (startup.py)."""
-    if argv is None:
-        from safe_llama import startup
-
-        startup.install(part=part)
+    return guarded(body)
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
@@ -180,8 +149,7 @@ def _drop_in(tool: str, argv: list[str] | None) -> int:
     pass_through_early(tool, args, {})
     from safe_llama.run.exits import guarded
 
-    _fast_start(argv)
-    return _leave(guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args))), argv)
+    return guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args)))
 
 
 def main_cli(argv: list[str] | None = None) -> int:

@@ -25,10 +25,3 @@ def test_plan_call_reads_what_typer_would() -> None:
                     "args": ["-m", "x.gguf", "--json"]}  # fmt: skip
     assert plan_call(["--bogus", "server"]) is None  # typer answers: a usage error
     assert plan_call(["--min-ctx", "many", "server"]) is None
-
-
-def test_the_early_start_s_tools_are_launch_args() -> None:
-    from safe_llama import entry
-    from safe_llama.cmdline.launch_args import TOOLS
-
-    assert entry._TOOLS == TOOLS

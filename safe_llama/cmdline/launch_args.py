@@ -11,11 +11,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from safe_llama.constants import TOOL_BINARY, TOOLS
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import config_dir
+from safe_llama.paths import cache_dir, config_dir
 
-TOOLS = ("cli", "server", "completion")
-DROP_IN = {"llama-cli": "cli", "llama-server": "server", "llama-completion": "completion"}
+DROP_IN = {TOOL_BINARY[tool]: tool for tool in TOOLS}
 
 # option -> (setting name, takes a value)
 OPTIONS: dict[str, tuple[str, bool]] = {
@@ -127,7 +127,7 @@ def _config(env: Mapping[str, str]) -> dict[str, Any]:
     from safe_llama import state  # only with a config file: the pass-through path stays light
 
     try:
-        raw = state.load_toml(path)
+        raw = state.load_toml(path, cache_dir(env))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:  # unreadable, not UTF-8, not TOML

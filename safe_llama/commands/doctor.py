@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
-from safe_llama.device.binaries import TOOL_BINARY, locate_binary
+from safe_llama.constants import TOOL_BINARY
+from safe_llama.device.binaries import locate_binary
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.devices import load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from safe_llama.cmdline.llama_args import parse
-from safe_llama.device.binaries import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
 from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words

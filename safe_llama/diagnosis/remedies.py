@@ -13,7 +13,7 @@ from typing import Protocol
 
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
 from safe_llama.cmdline.request import Request, to_request
-from safe_llama.device.binaries import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError

@@ -21,7 +21,7 @@ from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
-from safe_llama.paths import config_dir, configs_dir
+from safe_llama.paths import cache_dir, config_dir, configs_dir
 from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
@@ -213,7 +213,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     target = replace(
         target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
     )
-    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     target = replace(
         target,
         kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,

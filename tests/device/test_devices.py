@@ -41,7 +41,7 @@ def roots(tmp_path: Path) -> ProbeRoots:
 
 
 def test_packaged_profiles() -> None:
-    uhd = load_profile("intel-uhd-770")
+    uhd = load_profile("intel-uhd-770", {})
     assert (uhd.max_alloc_bytes, uhd.integrated, uhd.backend, uhd.vendor_id) == (
         UHD770_MAX_ALLOC,
         True,
@@ -49,10 +49,10 @@ def test_packaged_profiles() -> None:
         0x8086,
     )
     assert uhd.memory_bytes is None  # an iGPU's memory is the host's
-    h200 = load_profile("nvidia-h200")
+    h200 = load_profile("nvidia-h200", {})
     assert (h200.memory_bytes, h200.max_alloc_bytes, h200.backend) == (150109880320, None, "cuda")
     assert 150109880320 // MIB == 143155  # what --list-devices printed on that machine
-    assert {p.key for p in load_profiles()} >= {"intel-uhd-770", "nvidia-h200"}
+    assert {p.key for p in load_profiles({})} >= {"intel-uhd-770", "nvidia-h200"}
 
 
 def test_unknown_profile_lists_the_known_ones(env: dict[str, str]) -> None:

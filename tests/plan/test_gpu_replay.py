@@ -16,7 +16,7 @@ from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate
 from safe_llama.plan.memory import Layout, Settings, memory_by_place
 from safe_llama.plan.planner import plan
@@ -54,7 +54,7 @@ def test_the_plan_for_the_recorded_h200_is_the_context_that_started(big: Path) -
     truth = {row["case"]: row["largest_that_starts"] for row in cases["run1_margin_5pct"]}
     started = {row["case"]: row for row in cases["run2_margin_2pct"]}
     facts = load_model_facts(big)
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     for case, args in (("ngl99-c2M", ["-c", "2000000", "-ngl", "99"]), ("no-c", ["-ngl", "99"])):
         req = to_request(parse("server", ["-m", str(big), *args], {})).kv
         decided = plan(facts, req, _h200(), policy, user_ngl=99)
@@ -118,7 +118,7 @@ def test_cpu_moe_on_the_h200_started_first_time_within_3_percent(moe: Path) -> N
     truth = rows["moe-cpumoe-c2M"]["largest_that_starts"]
     facts = load_model_facts(moe)
     assert moe.stat().st_size == 15_042_229_088  # the recorded file's size: the same layout
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     for case, args in (("moe-cpumoe-c2M", ["-c", "2000000"]), ("moe-cpumoe-noc", [])):
         request = to_request(parse("server", ["-m", str(moe), *args, "-ngl", "99", "--cpu-moe"], {}))
         layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))

@@ -27,7 +27,7 @@ from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
@@ -72,7 +72,7 @@ def _target(recorded: dict[str, Any], free_bytes: int | None = None) -> Target:
                       available=available, cgroup_max=None, cgroup_current=None, rlimit_as=None,
                       budget_bytes=available, note="replayed")  # fmt: skip
     target = target_from(device, host, binary_version="0.6.0-dev")
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     # the policy's parts of the target, as pipeline/prepare.replan sets them
     runtime = int(policy.per_backend(policy.device_runtime, "vulkan") or 0)
     return replace(target, kv_f16_copies="vulkan" in policy.kv_f16_copy_backends, compute_costs=policy.compute,
@@ -93,7 +93,7 @@ def test_the_plan_is_the_context_that_started_first_time(big: Path, recorded: di
     rows = {row["case"]: row for row in json.loads((FIXTURES / "first-start-cases.json").read_text())}
     row = rows[case]
     req = to_request(parse("server", ["-m", str(big), *row["args"]], {})).kv
-    decided = plan(load_model_facts(big), req, _target(recorded), load_policy(configs_dir() / "planner.toml"),
+    decided = plan(load_model_facts(big), req, _target(recorded), load_policy(packaged_configs() / "planner.toml"),
                    user_ngl=99)  # fmt: skip
     kv = decided.settings.kv
     assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
@@ -110,7 +110,7 @@ def test_logged_kv_and_compute_are_the_planned_ones(big: Path) -> None:
     compute = {device: float(mib) * MIB for device, mib in COMPUTE.findall(text)}
     argv = ["-m", str(big), "-c", cells, "-ngl", "99", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
     req = to_request(parse("server", argv, {})).kv
-    decided_kv = plan(load_model_facts(big), req, _target_fixed(), load_policy(configs_dir() / "planner.toml"),
+    decided_kv = plan(load_model_facts(big), req, _target_fixed(), load_policy(packaged_configs() / "planner.toml"),
                       user_ngl=99).settings.kv  # fmt: skip
     assert decided_kv.n_ctx == int(cells)
     estimate = compute_estimate(load_model_facts(big), plan_kv(load_model_facts(big), decided_kv), decided_kv)
@@ -128,7 +128,7 @@ def test_a_gpu_with_80_gib_held_plans_by_its_free_memory(big: Path, recorded: di
     rows = json.loads((FIXTURES / "held80-cases.json").read_text())
     row = next(r for r in rows if r.get("case") == "vk-ngl99-c2M")
     req = to_request(parse("server", ["-m", str(big), "-c", "2000000", "-ngl", "99"], {})).kv
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     decided = plan(load_model_facts(big), req, _target(recorded, HELD_FREE), policy, user_ngl=99)
     _, cells = KV_LINE.findall((FIXTURES / "held80-c2M-ngl99-safe-llama.log").read_text())[-1]
     assert decided.settings.kv.n_ctx == row["chosen"] == int(cells) == 815_104
