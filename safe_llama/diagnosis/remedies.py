@@ -19,7 +19,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
-from safe_llama.plan.memory import Settings, allocations
+from safe_llama.plan.memory import LlamaSettings, allocations
 from safe_llama.plan.planner import Plan, describe, plan
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Target, with_learned
@@ -272,7 +272,7 @@ def plan_remedies(
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     user_fit = inputs.cmd.get("--fit") is not None
-    as_asked = allocations(inputs.facts, Settings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
+    as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
     if failure.memory and all(a.fits for a in as_asked):
         named = [a.limit_words for a in as_asked if a.limit < UNKNOWN_HOST // 2]
         notes.append(

@@ -16,9 +16,9 @@ from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_comp
 from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes
-from safe_llama.plan.settings import Draft as Draft
-from safe_llama.plan.settings import Layout as Layout
-from safe_llama.plan.settings import Settings as Settings
+from safe_llama.plan.llama_settings import Draft as Draft
+from safe_llama.plan.llama_settings import Layout as Layout
+from safe_llama.plan.llama_settings import LlamaSettings as LlamaSettings
 from safe_llama.plan.split import (
     Override,
     balanced_split,
@@ -92,7 +92,7 @@ def _model_memory(
     return out
 
 
-def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tuple[int, ...] | None:
+def planned_split(facts: ModelFacts, settings: LlamaSettings, target: Target) -> tuple[int, ...] | None:
     """The -ts (layers per device) the plan sets over RPC workers at these settings: balanced_split over each
     device's memory less its compute buffer and, on a worker, the worker's own memory. None: a device whose
     memory is not known, or no split that fits."""
@@ -112,7 +112,7 @@ def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tupl
     return balanced_split(slot_bytes(facts, kv, kv_offload), room)
 
 
-def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
+def memory_by_place(facts: ModelFacts, settings: LlamaSettings, target: Target) -> dict[str, dict[str, int]]:
     """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
 
     Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
@@ -219,7 +219,7 @@ def _margin_words(fraction: float) -> str:
     return f" plus {-fraction:.0%}" if fraction < 0 else ""
 
 
-def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
+def allocations(facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
     kv = plan_kv(facts, settings.kv)
     layout = settings.layout
     places = memory_by_place(facts, settings, target)

@@ -6,7 +6,6 @@ Owns the choice of settings. Pure: every input is a value (facts, target, policy
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -14,7 +13,7 @@ from safe_llama.cmdline.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKP
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvPlan, KvRequest, block_size, ctx_unit, plan_kv
-from safe_llama.plan.memory import Allocation, Layout, Settings, allocations, planned_split
+from safe_llama.plan.memory import Allocation, Layout, LlamaSettings, allocations, planned_split
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
@@ -35,7 +34,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    settings: Settings
+    settings: LlamaSettings
     kv: KvPlan
     allocations: tuple[Allocation, ...]
     steps: tuple[Step, ...]
@@ -49,7 +48,7 @@ class Plan:
         return all(a.fits for a in self.allocations)
 
 
-def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
+def _fits(facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy) -> bool:
     return all(a.fits for a in allocations(facts, settings, target, policy))
 
 
@@ -62,7 +61,7 @@ def _asked_ctx(kv: KvRequest, facts: ModelFacts) -> int:
 
 
 def largest_ctx(
-    facts: ModelFacts, settings: Settings, target: Target, policy: Policy, floor: int, ceiling: int
+    facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy, floor: int, ceiling: int
 ) -> int | None:
     """The largest -c in [floor, ceiling] that fits, exactly, on llama.cpp's grid of PAD cells (per stream)."""
     unit = ctx_unit(settings.kv)
@@ -130,7 +129,7 @@ def plan(
     layout: Layout | None = None,
     user_env: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Settings that fit, keeping everything the user set that need not change; or NOTHING_FITS.
+    """LlamaSettings that fit, keeping everything the user set that need not change; or NOTHING_FITS.
 
     `user_env`: the environment llama.cpp will inherit. What the user set there for stateful execution and
     the NEO filter wins: never overwritten; GGML_OPENVINO_STATEFUL_EXECUTION=1 is where the plan starts
@@ -138,7 +137,7 @@ def plan(
     user_env = user_env or {}
     floor = policy.ctx_floor if floor is None else floor
     steps = list(ladder if ladder is not None else policy.ladder_for(target.backend, request.tool))
-    settings = Settings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout())
+    settings = LlamaSettings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout())
     asked_ctx = _asked_ctx(request, facts)
     taken: list[Step] = []
     changes: dict[str, str | bool] = {}
@@ -318,8 +317,8 @@ def plan(
 
 
 def _serving_step(
-    facts: ModelFacts, settings: Settings, target: Target, policy: Policy, allocs: Sequence[Allocation]
-) -> tuple[Settings, Step, dict[str, str | bool]] | None:
+    facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy, allocs: Sequence[Allocation]
+) -> tuple[LlamaSettings, Step, dict[str, str | bool]] | None:
     """Under a cgroup limit, llama-server's prompt cache and context checkpoints sized to what the plan leaves
     (plan.serving); None when there is nothing to set (not a server, no cgroup limit, the user set both)."""
     layout = settings.layout
@@ -348,9 +347,3 @@ def _serving_step(
         changes["--ctx-checkpoints"] = str(chosen.ctx_checkpoints)
     return replace(settings, layout=layout), Step("serving", chosen.reason), changes
 
-
-def settings_summary(settings: Settings) -> dict[str, object]:
-    return {k: v for k, v in dataclasses.asdict(settings.kv).items()} | {
-        "stateful": settings.stateful,
-        "n_gpu_layers": settings.n_gpu_layers,
-    }

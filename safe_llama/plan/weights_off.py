@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from safe_llama.cmdline.request import EXPERT_REGEX
 from safe_llama.model.facts import ModelFacts
-from safe_llama.plan.memory import Settings, allocations
+from safe_llama.plan.memory import LlamaSettings, allocations
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 
 
-def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
+def _fits(facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy) -> bool:
     return all(a.fits for a in allocations(facts, settings, target, policy))
 
 
@@ -41,7 +41,7 @@ def _expert_layers(facts: ModelFacts) -> int:
     return max(found) + 1 if found else 0
 
 
-def _with_ncmoe(settings: Settings, user: tuple[Override, ...], n: int) -> Settings:
+def _with_ncmoe(settings: LlamaSettings, user: tuple[Override, ...], n: int) -> LlamaSettings:
     # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
     rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
     return replace(settings, layout=replace(settings.layout, overrides=rules))
@@ -61,8 +61,8 @@ def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 
 
 def weights_off(
-    facts: ModelFacts, settings: Settings, target: Target, policy: Policy
-) -> tuple[Settings, dict[str, str], str]:
+    facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy
+) -> tuple[LlamaSettings, dict[str, str], str]:
     """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
     that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
     n_layer = max(facts.block_count, 1)
