@@ -20,9 +20,10 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
 from safe_llama.plan.memory import LlamaSettings, allocations
-from safe_llama.plan.planner import Plan, describe, plan
+from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Target, with_learned
+from safe_llama.plan.words import describe, limit_words
 from safe_llama.units import human
 
 # The host budget planned against when the log names none: no limit; a share of the failed KV stands in.
@@ -274,7 +275,7 @@ def plan_remedies(
     user_fit = inputs.cmd.get("--fit") is not None
     as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
     if failure.memory and all(a.fits for a in as_asked):
-        named = [a.limit_words for a in as_asked if a.limit < UNKNOWN_HOST // 2]
+        named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
         notes.append(
             "as asked, the command fits "
             + (f"every limit the log names ({'; '.join(named)})" if named else "everything the log says of its machine")
