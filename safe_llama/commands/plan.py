@@ -72,7 +72,9 @@ def plan_command(
         extra.append(note)
     result["notes"] = list(result["notes"]) + extra
     result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
-    settings = prepared.plan.settings if prepared.plan else LlamaSettings(kv=prepared.request.kv, layout=prepared.layout)
+    settings = (
+        prepared.plan.settings if prepared.plan else LlamaSettings(kv=prepared.request.kv, layout=prepared.layout)
+    )
     result["memory"] = memory_by_place(prepared.facts, settings, prepared.target)
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")

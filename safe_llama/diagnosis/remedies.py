@@ -22,7 +22,7 @@ from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
 from safe_llama.plan.memory import LlamaSettings, allocations
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Target, with_learned
+from safe_llama.plan.target import Lessons, Probed, Target, target_policy, with_learned
 from safe_llama.plan.words import describe, limit_words
 from safe_llama.units import human
 
@@ -219,7 +219,7 @@ def log_target(facts: LogMachine, failure: FailedAllocation, policy: Policy) -> 
     if facts.address_space_limit is not None:
         budget = Sourced(facts.address_space_limit, "declared", facts.address_space_from)
         limits = (HostLimit("address space", budget),)
-    target = Target(
+    probed = Probed(
         backend=backend,
         host_budget=budget,
         address_space_budget=bool(limits),
@@ -227,10 +227,8 @@ def log_target(facts: LogMachine, failure: FailedAllocation, policy: Policy) -> 
         integrated=bool(facts.integrated),
         device=facts.device,
         host_limits=limits,
-        kv_f16_copies=on_gpu and backend in policy.kv_f16_copy_backends,
-        cpu_repack_types=policy.cpu_repack_types,
-        compute_costs=policy.compute,
     )
+    target = Target.of(probed, target_policy(policy, probed), Lessons())
     target = with_learned(target, failure.limit_bytes if on_gpu else None)
     note = None
     if on_gpu and facts.integrated is None:
