@@ -91,30 +91,9 @@ def plan(
     state = _from_user_env(
         inputs, LlamaSettings(kv=request, n_gpu_layers=user_ngl, layout=layout or Layout()), user_env
     )
-    settings = state.settings
-    devices = device_names(target, settings.layout.devices, settings.layout.split_mode, settings.layout.main_gpu)
-    if (
-        target.remote
-        and len(devices) > 1
-        and not settings.layout.tensor_split
-        and settings.layout.split_mode == "layer"
-    ):
-        state = replace(state, settings=replace(settings, layout=replace(settings.layout, balance=True)))
-    state = _give_ctx_back(inputs, walk(inputs, state, steps))
+    state = _give_ctx_back(inputs, walk(inputs, _balance(inputs, state), steps))
     allocs = inputs.allocations(state.settings)
-    split = (
-        planned_split(facts, state.settings, target, inputs.weights_cache) if state.settings.layout.balance else None
-    )
-    if split is not None and all(a.fits for a in allocs):
-        settings = replace(
-            state.settings, layout=replace(state.settings.layout, tensor_split=tuple(float(x) for x in split))
-        )
-        state = replace(
-            state,
-            settings=settings,
-            changes={**state.changes, "--tensor-split": ",".join(str(x) for x in split)},
-            taken=(Step("split", _split_words(split, target, devices)), *state.taken),
-        )
+    state = _split(inputs, state, allocs)
     if not all(a.fits for a in allocs):
         raise SafeLlamaError(
             f"safe-llama: nothing fits: even at -c {state.settings.kv.n_ctx or inputs.asked_ctx} with "
@@ -164,6 +143,39 @@ def _from_user_env(inputs: Inputs, settings: LlamaSettings, user_env: Mapping[st
             env={"MALLOC_ARENA_MAX": str(policy.malloc_arena_max)},
         )
     return state
+
+
+def _devices(target: Target, settings: LlamaSettings) -> list[str]:
+    layout = settings.layout
+    return device_names(target, layout.devices, layout.split_mode, layout.main_gpu)
+
+
+def _balance(inputs: Inputs, state: State) -> State:
+    """Over RPC workers without the user's -ts: the plan chooses the split (planned_split), not llama.cpp."""
+    layout = state.settings.layout
+    target = inputs.target
+    if not target.remote or len(_devices(target, state.settings)) < 2 or layout.tensor_split:
+        return state
+    if layout.split_mode != "layer":
+        return state
+    return replace(state, settings=replace(state.settings, layout=replace(layout, balance=True)))
+
+
+def _split(inputs: Inputs, state: State, allocs: tuple[Allocation, ...]) -> State:
+    """The balanced -ts, first among the steps, when the plan fits with it."""
+    settings = state.settings
+    if not settings.layout.balance or not all(a.fits for a in allocs):
+        return state
+    split = planned_split(inputs.facts, settings, inputs.target, inputs.weights_cache)
+    if split is None:
+        return state
+    devices = _devices(inputs.target, settings)
+    return replace(
+        state,
+        settings=replace(settings, layout=replace(settings.layout, tensor_split=tuple(float(x) for x in split))),
+        changes={**state.changes, "--tensor-split": ",".join(str(x) for x in split)},
+        taken=(Step("split", _split_words(split, inputs.target, devices)), *state.taken),
+    )
 
 
 def _give_ctx_back(inputs: Inputs, state: State) -> State:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan
-from safe_llama.plan.tally import Tally, add
+from safe_llama.plan.tally import Tally, add, offloaded_slots
 from safe_llama.plan.target import Target
 
 
@@ -172,7 +172,7 @@ def layer_places(n_layer: int, n_gpu_layers: int, devices: Sequence[str], split:
         bounds.append(acc)
     bounds = [_f32(b / acc) for b in bounds]
     start = max(n_layer + 1 - n_gpu_layers, 0)
-    active = min(n_gpu_layers, n_layer + 1)
+    active = offloaded_slots(n_gpu_layers, n_layer)
     for il in range(start, min(start + active, n_layer + 1)):
         at = _f32(float(il - start) / active)
         places[il] = devices[min(bisect.bisect_right(bounds, at), len(devices) - 1)]
