@@ -219,7 +219,12 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
     probed = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps).probed
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
-    lessons = Lessons(options.kv_cap, options.compute_extra, options.margin_scale, options.device_cap)
+    lessons = Lessons(
+        kv_cap=options.kv_cap,
+        compute_extra=options.compute_extra,
+        margin_scale=options.margin_scale,
+        device_cap=options.device_cap,
+    )
     target = Target.of(probed, target_policy(policy, probed), lessons)
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
