@@ -15,7 +15,7 @@ from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline.prepare import PlanOptions, context_note, final_argv, prepare
 from safe_llama.plan import render
-from safe_llama.plan.memory import Settings, memory_by_place
+from safe_llama.plan.memory import LlamaSettings, memory_by_place
 
 
 def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:
@@ -72,7 +72,9 @@ def plan_command(
         extra.append(note)
     result["notes"] = list(result["notes"]) + extra
     result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
-    settings = prepared.plan.settings if prepared.plan else Settings(kv=prepared.request.kv, layout=prepared.layout)
+    settings = (
+        prepared.plan.settings if prepared.plan else LlamaSettings(kv=prepared.request.kv, layout=prepared.layout)
+    )
     result["memory"] = memory_by_place(prepared.facts, settings, prepared.target)
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")

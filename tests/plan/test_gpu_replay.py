@@ -18,7 +18,7 @@ from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate
-from safe_llama.plan.memory import Layout, Settings, memory_by_place
+from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.split import Override
@@ -92,12 +92,12 @@ def test_ngl0_places_the_copies_on_the_gpu(big: Path) -> None:
     compute = {device: float(mib) * MIB for device, mib in COMPUTE.findall(text)}
     argv = ["-m", str(big), "-c", cells, "-ngl", "0", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
     request = to_request(parse("server", argv, {}))
-    places = memory_by_place(load_model_facts(big), Settings(kv=request.kv, n_gpu_layers=0), _h200())
+    places = memory_by_place(load_model_facts(big), LlamaSettings(kv=request.kv, n_gpu_layers=0), _h200())
     assert "kv" not in places["CUDA0"] and f"{places['host']['kv'] / MIB:.2f}" == kv_mib
     assert compute["CUDA0"] <= places["CUDA0"]["compute"] <= compute["CUDA0"] * 1.01
     nopo = to_request(parse("server", [*argv, "--no-op-offload"], {}))
     layout = Layout(op_offload=nopo.op_offload)
-    without = memory_by_place(load_model_facts(big), Settings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
+    without = memory_by_place(load_model_facts(big), LlamaSettings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
     # by rule (not recorded): without op offload the host KV is not copied over
     copied = int(cells) * 2 * 4352
     assert places["CUDA0"]["compute"] - without["CUDA0"]["compute"] == copied
@@ -143,7 +143,7 @@ def test_cpu_moe_buffers_logged_on_the_h200_are_the_planned_ones(moe: Path) -> N
     layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))
     kv = plan_kv(facts, request.kv)
     assert f"{kv.total_bytes / MIB:.2f}" == kv_mib
-    settings = Settings(kv=request.kv, n_gpu_layers=99, layout=layout)
+    settings = LlamaSettings(kv=request.kv, n_gpu_layers=99, layout=layout)
     places = memory_by_place(facts, settings, _h200())
     # the experts stay in the mapped file on the host; the attention weights and the output go to the GPU
     assert abs(places["CUDA0"]["weights"] - model["CUDA0"]) <= 0.001 * model["CUDA0"]

@@ -19,7 +19,7 @@ from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import load_model_facts
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, Settings, memory_by_place
+from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
@@ -141,7 +141,7 @@ def test_the_moe_compute_buffer_that_failed_is_planned_now(models: dict[str, Pat
     free = _free_at_plan(row, policy)
     req = to_request(parse("server", ["-m", str(models["moe"]), "-c", "8192", "-ngl", "99", "-ncmoe", "4"], {}))
     layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides))
-    places = memory_by_place(facts, Settings(kv=req.kv, n_gpu_layers=99, layout=layout), _h200(free, policy))
+    places = memory_by_place(facts, LlamaSettings(kv=req.kv, n_gpu_layers=99, layout=layout), _h200(free, policy))
     assert abs(places["CUDA0"]["weights"] - 3459.69 * MIB) < 0.01 * MIB
     assert places["CUDA0"]["compute"] >= failed - 0.05 * MIB
     changes, _ = _plan(models["moe"], ["-c", "8192", "-ngl", "99"], _h200(free, policy), policy)
