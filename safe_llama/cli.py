@@ -64,7 +64,9 @@ def _argument(argument: Argument) -> inspect.Parameter:
     kind: Any = list[str] | None if argument.many else str | None
     info = typer.Argument(help=argument.help, metavar=None if argument.many else argument.name)
     name = "args" if argument.many else argument.name.split("|")[0]
-    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[kind, info])
+    return inspect.Parameter(
+        name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[kind, info]
+    )
 
 
 def _help_only(command: Command) -> Callable[..., None]:

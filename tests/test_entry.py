@@ -21,7 +21,12 @@ def test_plan_gets_what_the_table_reads(monkeypatch: pytest.MonkeyPatch) -> None
     from safe_llama.commands import plan
 
     calls: list[dict[str, object]] = []
-    monkeypatch.setattr(plan, "run_plan", lambda **call: calls.append(call) or 0)
+
+    def run_plan(**call: object) -> int:
+        calls.append(call)
+        return 0
+
+    monkeypatch.setattr(plan, "run_plan", run_plan)
     assert entry.run(["plan", "--json", "--min-ctx", "8192", "--ladder=ctx", "server", "-m", "x.gguf", "--json"]) == 0
     assert calls == [{"tool": "server", "args": ["-m", "x.gguf", "--json"],
                       "given": {"json": "1", "min_ctx": "8192", "ladder": "ctx"}}]  # fmt: skip

@@ -1,6 +1,6 @@
-"""safe-llama's own options (the rows of cmdline.own_options, resolved by cmdline.launch_args: flags over SAFE_LLAMA_* over config.toml) turned
-into the options of a plan and a launch: the ladder's steps checked against the planner's, the declared
-device and host limits read, the numbers checked.
+"""safe-llama's own options (rows of cmdline.own_options, resolved by cmdline.launch_args: flags over
+SAFE_LLAMA_* over config.toml) turned into the options of a plan and a launch: the ladder's steps checked
+against the planner's, the declared device and host limits read, the numbers checked.
 
 Owns that validation; the values themselves come from cmdline.launch_args."""
 

@@ -4,7 +4,6 @@ help cli.py makes, for each command that takes it; nothing else declares an opti
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 import typer.main
@@ -56,7 +55,7 @@ def test_the_help_declares_exactly_the_table_s_options() -> None:
         declared = {name for p in params for name in [*p.opts, *p.secondary_opts] if name.startswith("-")}
         assert declared == set(own_options.options_of(command.name)), command.name  # and click's own --help
     root = {name for p in GROUP.params for name in p.opts}
-    assert root == set(own_options.options_of(ROOT)) | {"--help", "--install-completion", "--show-completion"}
+    assert root == set(own_options.options_of(ROOT)) | {"--install-completion", "--show-completion"}  # typer's
     assert set(GROUP.commands) == set(own_options.COMMAND_NAMES)  # type: ignore[attr-defined]
 
 
