@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, TOOLS, Argument, Command, Option, options_of
+from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, TOOLS, Argument, Command, Option
 
 
 def _epilog() -> str:
@@ -70,12 +70,14 @@ def _argument(argument: Argument) -> inspect.Parameter:
 
 
 def _help_only(command: Command) -> Callable[..., None]:
-    """A command with the table's options and arguments and no body: entry.run runs the command itself."""
+    """A command with the table's options and arguments and no body: entry.run runs the command itself.
+    Typer reads a command's parameters from its function's signature (inspect.signature, which honours
+    __signature__), so the function is given the signature the table describes."""
 
     def shown(**_: object) -> None:
         """Reached only for help and completion."""
 
-    options = {id(option): option for option in options_of(command.name).values()}.values()
+    options = [option for option in OPTIONS if command.name in option.commands]
     parameters = [*map(_argument, command.arguments), *map(_parameter, options)]
     shown.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     shown.__annotations__ = {p.name: p.annotation for p in parameters}
@@ -83,10 +85,16 @@ def _help_only(command: Command) -> Callable[..., None]:
     return shown
 
 
-app.callback()(_help_only(Command(ROOT, "safe-llama: a launcher for llama-cli, llama-server and llama-completion.")))
-for _command in COMMANDS:
-    settings = LOOSE if _command.loose else PASSTHROUGH if _command.arguments else None
-    app.command(name=_command.name, context_settings=settings)(_help_only(_command))
+def _add_commands() -> None:
+    app.callback()(
+        _help_only(Command(ROOT, "safe-llama: a launcher for llama-cli, llama-server and llama-completion."))
+    )
+    for command in COMMANDS:
+        settings = LOOSE if command.loose else PASSTHROUGH if command.arguments else None
+        app.command(name=command.name, context_settings=settings)(_help_only(command))
+
+
+_add_commands()
 
 
 def show_help(args: list[str]) -> int:
