@@ -102,7 +102,7 @@ def _command(word: str, args: list[str]) -> int:
     from safe_llama.run.exits import guarded
 
     def body() -> int:
-        reading = read(word, args, stop_at_word=word == "plan", where=f"safe-llama {word}")
+        reading = read(word, args)
         if reading.help:
             return _help([word, "--help"])
         takes_words = any(command.arguments for command in COMMANDS if command.name == word)

@@ -35,7 +35,7 @@ def split(argv: Sequence[str]) -> LaunchRequest | None:
     """`[options] TOOL [llama.cpp args]` -> the request; None when --help came before the tool (the caller
     shows the help). Raises SafeLlamaError (one line) for an unknown option, a missing value, a missing or
     unknown tool."""
-    reading = read(LAUNCH, list(argv), stop_at_word=True)
+    reading = read(LAUNCH, list(argv))
     if reading.help:
         return None
     if not reading.words:

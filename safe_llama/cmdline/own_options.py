@@ -41,6 +41,7 @@ class Command(NamedTuple):
     help: str
     arguments: tuple[Argument, ...] = ()
     loose: bool = False  # words and unknown options may mix with its own options (explain)
+    tool_first: bool = False  # its first word is a tool: it and everything after are llama.cpp's (plan)
 
 
 DECLARE = (LAUNCH, "plan", "devices")  # the commands that take the declared device and host limits
@@ -96,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
 TOOL_ARGS = Argument("args", "the llama.cpp tool's own arguments", many=True)
 COMMANDS: tuple[Command, ...] = (
     Command("plan", "Show what llama.cpp will allocate for a command line, and the settings that fit.",
-            (Argument("cli|server|completion", "cli, server or completion"), TOOL_ARGS)),
+            (Argument("cli|server|completion", "cli, server or completion"), TOOL_ARGS), tool_first=True),
     Command("devices", "Show the devices, the limits that apply to the target, and the host memory budget."),
     Command("install-shims", "Put llama-cli, llama-server, llama-completion links to safe-llama's drop-ins on PATH "
             "(exit 1: one was left alone because a file safe-llama did not make is there)."),
@@ -119,17 +120,20 @@ def options_of(command: str) -> dict[str, Option]:
 
 class Reading(NamedTuple):
     settings: dict[str, str]  # key -> value as given (a flag: its flag_value); the last one given wins
-    words: list[str]  # the rest: with stop_at_word, the first word and everything after it
+    words: list[str]  # the rest (the launcher, a tool_first command: the first word and everything after)
     help: bool  # --help was among the options
 
 
-def read(command: str, args: list[str], *, stop_at_word: bool, where: str = "safe-llama") -> Reading:
-    """Read `command`'s own options from args. stop_at_word: the first word ends them (it and all after go to
-    words, untouched: a tool and its llama.cpp arguments); otherwise words may come between options and an
-    unknown option is a word too (explain's failed run) when the command is loose, an error when not.
-    Raises SafeLlamaError, one line naming the option, for an unknown option or a missing value."""
+def read(command: str, args: list[str]) -> Reading:
+    """Read `command`'s own options (a command word, or LAUNCH) from args. For the launcher and a tool_first
+    command the first word ends them (it and all after go to words, untouched: a tool and its llama.cpp
+    arguments); otherwise words may come between options, and an unknown option is a word too when the
+    command is loose (explain's failed run), an error when not. Raises SafeLlamaError, one line naming the
+    option, for an unknown option or a missing value."""
     known = options_of(command)
     loose = any(c.loose for c in COMMANDS if c.name == command)
+    stop_at_word = command == LAUNCH or any(c.tool_first for c in COMMANDS if c.name == command)
+    where = "safe-llama" if command == LAUNCH else f"safe-llama {command}"
     settings: dict[str, str] = {}
     words: list[str] = []
     i = 0

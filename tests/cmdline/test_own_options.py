@@ -27,7 +27,7 @@ def _given(option: Option, name: str) -> list[str]:
 def test_every_option_is_read_by_every_command_that_takes_it(option: Option, command: str) -> None:
     expected = option.flag_value if option.kind == "flag" else "7"
     for name in option.names:
-        reading = read(command, [*_given(option, name), "server"], stop_at_word=True)
+        reading = read(command, [*_given(option, name), "server"])
         assert reading.settings == {option.key: expected}, name
         assert reading.words == ["server"]
 
@@ -86,11 +86,11 @@ def test_nothing_else_declares_an_option() -> None:
     ],
 )
 def test_the_first_word_ends_the_options(args: list[str], words: list[str]) -> None:
-    assert read("plan", args, stop_at_word=True).words == words
+    assert read("plan", args).words == words
 
 
 def test_a_loose_command_keeps_unknown_options_as_words() -> None:
-    reading = read("explain", ["log.txt", "-c", "65536", "-m", "x.gguf", "--json"], stop_at_word=False)
+    reading = read("explain", ["log.txt", "-c", "65536", "-m", "x.gguf", "--json"])
     assert reading.settings == {"model": "x.gguf", "json": "1"}
     assert reading.words == ["log.txt", "-c", "65536"]
 
@@ -106,13 +106,18 @@ def test_a_loose_command_keeps_unknown_options_as_words() -> None:
 )
 def test_bad_options_are_one_usage_line(command: str, args: list[str], said: str) -> None:
     with pytest.raises(SafeLlamaError) as caught:
-        read(command, args, stop_at_word=True)
+        read(command, args)
     assert caught.value.status == ExitStatus.USAGE
     assert caught.value.message.startswith(said) and "\n" not in caught.value.message
 
 
 def test_help_is_asked_not_read() -> None:
-    assert read("plan", ["--json", "--help", "--bogus"], stop_at_word=True).help
+    assert read("plan", ["--json", "--help", "--bogus"]).help
+
+
+def test_a_strict_command_collects_words_between_options() -> None:
+    """entry then refuses them: devices takes no arguments."""
+    assert read("devices", ["--json", "extra", "--refresh"]) == ({"json": "1", "refresh": "1"}, ["extra"], False)
 
 
 @pytest.mark.parametrize(
