@@ -278,9 +278,9 @@ def test_the_command_line_end_to_end(clean_env: dict[str, str]) -> None:
 
 
 def test_the_command_line_exit_code_when_nothing_failed(clean_env: dict[str, str]) -> None:
-    from safe_llama.entry import main
+    from safe_llama.entry import run
 
-    assert main(["explain", str(LOGS / "completion-ready.log")]) == 1
+    assert run(["explain", str(LOGS / "completion-ready.log")]) == 1
 
 
 def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(

@@ -16,7 +16,7 @@ from safe_llama.device.devices import load_profile, load_profiles, probe_devices
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
-from safe_llama.entry import main
+from safe_llama.entry import run
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
@@ -174,7 +174,7 @@ def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
+    code = run(argv)
     out, err = capsys.readouterr()
     return code, out, err
 
