@@ -8,6 +8,7 @@ lines, and which architectures are estimated instead, in which direction, and wh
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,7 +28,7 @@ def main() -> int:
     parser.add_argument("--bin", type=Path, default=None, help="bin/ of the pinned CPU build")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    bin_dir = args.bin or pinned_bin_dir("cpu")
+    bin_dir = args.bin or pinned_bin_dir("cpu", os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         models = generate_corpus(bin_dir, Path(tmp))

@@ -128,10 +128,10 @@ def main() -> int:
     opts = parser.parse_args()
     global SUPERVISED
     SUPERVISED = not opts.bare
-    bin_dir = pinned_bin_dir("cpu")
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     work = Path(tempfile.mkdtemp())
     models = {
-        "bundled": bundled_model_path(),
+        "bundled": bundled_model_path(os.environ),
         "llama": write_tiny_gguf(work / "llama.gguf", arch="llama", n_layer=4, n_head=8, n_head_kv=4, head_dim=64,
                                  n_ff=1024, n_ctx_train=1 << 20, name="small-llama"),
         # 16 KiB of f16 KV per cell on tiny weights: the context is nearly all of the charge

@@ -69,7 +69,7 @@ def run(llama_bin: str | None, runs: int, scratch: Path) -> int:
     python = sys.executable
     cache = str(scratch / "warm")
     env = {**os.environ, "XDG_CACHE_HOME": cache}
-    default = pinned_bin_dir("openvino") if pinned_bin_dir("openvino").is_dir() else None
+    default = pinned_bin_dir("openvino", os.environ) if pinned_bin_dir("openvino", os.environ).is_dir() else None
     binary = find_binary("server", env=os.environ, explicit=llama_bin or (str(default) if default else None))
     devices = [python, "-m", "safe_llama", "devices", "--json", "--llama-bin", str(binary)]
     print(f"binary {binary}")

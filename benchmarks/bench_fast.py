@@ -72,8 +72,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--tree", action="append", default=[], help="another checkout to measure (repeatable)")
     opts = parser.parse_args()
-    model = str(bundled_model_path())
-    bin_dir = pinned_bin_dir()
+    model = str(bundled_model_path(os.environ))
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     cache = Path(tempfile.mkdtemp())
     base = {**os.environ, "SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(cache)}
     base.pop("PYTHONDONTWRITEBYTECODE", None)

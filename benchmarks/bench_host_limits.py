@@ -220,10 +220,10 @@ def main() -> int:
     parser.add_argument("--cgroup-mib", default="600,1024")
     parser.add_argument("--probes", type=int, default=10)
     opts = parser.parse_args()
-    bin_dir = pinned_bin_dir("cpu")
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     work = Path(tempfile.mkdtemp())
     models = {
-        "bundled": bundled_model_path(),
+        "bundled": bundled_model_path(os.environ),
         "llama": write_tiny_gguf(
             work / "llama.gguf",
             arch="llama",

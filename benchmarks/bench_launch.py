@@ -51,8 +51,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     opts = parser.parse_args()
-    model = str(bundled_model_path())
-    bin_dir = pinned_bin_dir()
+    model = str(bundled_model_path(os.environ))
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     work = Path(tempfile.mkdtemp())
     base = {**os.environ, "SAFE_LLAMA_BIN_DIR": str(bin_dir)}
     direct = [str(bin_dir / "llama-server"), "-m", model, "-c", "4096"]

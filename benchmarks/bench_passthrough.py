@@ -34,7 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=21)
     opts = parser.parse_args()
-    bin_dir = pinned_bin_dir()
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     env = {**os.environ, "SAFE_LLAMA_BIN_DIR": str(bin_dir), "PYTHONPATH": str(ROOT)}
     # an installed package has its bytecode compiled; a checkout run with PYTHONDONTWRITEBYTECODE=1 would
     # compile every module on every run, which is not what a user's launch pays

@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--reader-runs", type=int, default=1)
     opts = parser.parse_args()
-    model = bundled_model_path()
+    model = bundled_model_path(os.environ)
     work = Path(tempfile.mkdtemp())
     tiny = write_tiny_gguf(work / "tiny.gguf")
     env = dict(os.environ)

@@ -83,8 +83,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limits-kib", default="1048576,1572864,2621440")
     opts = parser.parse_args()
-    model = str(bundled_model_path())
-    bin_dir = pinned_bin_dir()
+    model = str(bundled_model_path(os.environ))
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     base["SAFE_LLAMA_BIN_DIR"] = str(bin_dir)
     print(f"{'limit':>10} {'spawns':>7} {'safe-llama -c':>14} {'largest that starts':>20} {'ratio':>7}")

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-B=${SAFE_LLAMA_BIN_DIR:-$("$PY" -c "from safe_llama.paths import pinned_bin_dir; print(pinned_bin_dir())")}
+B=${SAFE_LLAMA_BIN_DIR:-$("$PY" -c "import os; from safe_llama.paths import pinned_bin_dir; print(pinned_bin_dir('cpu', os.environ))")}
 WORK=$(mktemp -d)
 LIMITS=(500 400 170)
 PORTS=(50140 50141 50142)

@@ -147,7 +147,7 @@ def main() -> int:
     parser.add_argument("--splits", nargs="*", default=None, help="only these -ts a,b (default: every split)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the logs in this folder")
     args = parser.parse_args()
-    binary_dir = Path(os.environ.get("SAFE_LLAMA_BIN_DIR") or pinned_bin_dir("cpu"))
+    binary_dir = Path(os.environ.get("SAFE_LLAMA_BIN_DIR") or pinned_bin_dir("cpu", os.environ))
     py = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
     work = args.keep or Path(tempfile.mkdtemp())
     work.mkdir(parents=True, exist_ok=True)

@@ -225,10 +225,10 @@ def main() -> int:
     parser.add_argument("--only", choices=("safe-llama", "bare"), default=None)
     opts = parser.parse_args()
     limit = opts.limit_mib * MIB
-    bin_dir = pinned_bin_dir("cpu")
+    bin_dir = pinned_bin_dir("cpu", os.environ)
     work_dir = Path(tempfile.mkdtemp())
     model = (
-        bundled_model_path()
+        bundled_model_path(os.environ)
         if opts.model == "bundled"
         else write_tiny_gguf(work_dir / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
                              n_ff=128, n_ctx_train=1 << 20, name="wide-kv")

@@ -1,13 +1,14 @@
-"""The console scripts' entry points: pass-through invocations (help, version, usage errors) exec the
-real llama.cpp binary first; launches and `plan` run without typer; only help and the admin commands
-load cli (typer, about 0.15 s of imports).
+"""The console scripts' entry points and the one dispatch: every command of `safe-llama` (a launch, a
+drop-in, rpc-server, plan, the admin commands) is decided in `run`, its options read from the one table
+(cmdline.own_options). Pass-through invocations (help, version, usage errors) exec the real llama.cpp
+binary first; nothing here imports typer: only help (and typer's shell completion) loads cli.
 
 A launch whose plan is known from a launch record starts llama.cpp first of all (run/early.py), before
 even the pass-through's option table is read: a record exists only for words that loaded a model.
 
-Owns those early exits and the mapping of failures to exit codes; must not import typer (nor, at import,
-anything: the early start runs before anything else, and the planner and the supervisor are imported
-where used).
+Owns those early exits, the dispatch and the mapping of failures to exit codes, and hands the process's
+environment to what it calls; must not import typer (nor, at import, anything but constants.py, a leaf: the
+early start runs before anything else, and the planner and the supervisor are imported where used).
 """
 
 from __future__ import annotations
@@ -15,146 +16,204 @@ from __future__ import annotations
 import os
 import sys
 
-_TOOLS = ("cli", "server", "completion")  # launch_args.TOOLS, without importing it (a test holds them equal)
+from safe_llama.constants import TOOLS
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from safe_llama.run.early import Early
 
-# `plan`'s own options (cli.plan declares the same for help): name -> (keyword, takes a value)
-PLAN_OPTIONS = {
-    "--json": ("json_out", False), "--ladder": ("ladder", True), "--min-ctx": ("min_ctx", True),
-    "--profile": ("profile", True), "--max-alloc": ("max_alloc", True), "--device-memory": ("device_memory", True),
-    "--integrated": ("integrated", False), "--discrete": ("integrated", False),
-    "--host-memory": ("host_memory", True), "--llama-bin": ("llama_bin", True), "--rpc-memory": ("rpc_memory", True),
-    "--llama-version": ("llama_version", True), "--kv-split": ("kv_split", False), "--kv-single": ("kv_split", False),
-}  # fmt: skip
-_FLAG_VALUES = {"--json": True, "--integrated": True, "--discrete": False, "--kv-split": True, "--kv-single": False}
+HELP_WORDS = ("--help", "--install-completion", "--show-completion")  # answered by cli (typer)
 
 
-def plan_call(args: list[str]) -> dict[str, object] | None:
-    """`plan [options] TOOL [llama.cpp args]` as run_plan's keywords, read as typer reads them (options
-    before the tool, everything after it llama.cpp's); None for anything else (--help, an unknown or
-    malformed option, a missing or unknown tool), which typer then answers."""
-    from safe_llama.cmdline.launch_args import TOOLS
-
-    call: dict[str, object] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in TOOLS:
-            return {**call, "tool": arg, "args": args[i + 1 :]}
-        name, eq, value = arg.partition("=")
-        if name not in PLAN_OPTIONS:
-            return None
-        key, takes_value = PLAN_OPTIONS[name]
-        if not takes_value:
-            if eq:
-                return None
-            call[key] = _FLAG_VALUES[name]
-        else:
-            if not eq:
-                i += 1
-                if i >= len(args):
-                    return None
-                value = args[i]
-            if key == "min_ctx":
-                try:
-                    call[key] = int(value)
-                except ValueError:
-                    return None
-            else:
-                call[key] = value
-        i += 1
-    return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: a launch goes straight to the launcher, `plan` to the planner, everything else
-    to the typer app. A symlink named llama-cli/-server/-completion behaves as that tool."""
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    """The safe-llama console script, on this process's own argv. A link named llama-cli/-server/-completion
+    behaves as that tool's drop-in."""
+    args = sys.argv[1:]
     name = os.path.basename(sys.argv[0])
     # a launch's first word is a tool or an option (launch_args.split); a drop-in's name takes _drop_in's
-    if argv is None and not name.startswith("llama-") and args[:1] and (args[0] in _TOOLS or args[0][:1] == "-"):
+    if not name.startswith("llama-") and args[:1] and (args[0] in TOOLS or args[0][:1] == "-"):
         early = _early("safe-llama", args)
         if early is not None:
             return _adopt(early, args)
-    from safe_llama.cmdline.launch_args import DROP_IN, split
+    from safe_llama.cmdline.launch_args import DROP_IN
+
+    if name in DROP_IN:
+        return _drop_in(DROP_IN[name], args, console=True)
+    return run(args, console=True)
+
+
+def run(args: list[str], *, console: bool = False) -> int:
+    """`safe-llama ARGS`: the one place that decides which command runs. console: this is the console script's
+    own process (a launch keys a launch record on its words);
+    False for a caller inside another program (tests), which gets the exit code back."""
+    word = args[0] if args else ""
+    if word == "rpc-server":
+        from safe_llama.run.exits import guarded
+
+        return guarded(lambda: _rpc_server(args[1:]))
+    from safe_llama.cmdline import own_options
+
+    if word in own_options.COMMAND_NAMES:
+        return _command(word, args[1:])
+    if word in ("", *HELP_WORDS):
+        return _help(args)
+    if word in own_options.options_of(own_options.ROOT):  # --version, the one option before any word
+        from safe_llama import __version__
+
+        sys.stdout.write(f"safe-llama {__version__}\n")
+        return 0
+    if word in own_options.TOOLS or word[:1] == "-":
+        return _launch_words(args, console)
+    commands = ", ".join(own_options.COMMAND_NAMES)
+    tools = ", ".join(own_options.TOOLS)
+    sys.stderr.write(f"safe-llama: unknown command '{word}' (one of {commands}, rpc-server, or a tool: {tools})\n")
+    return 2  # ExitStatus.USAGE, without importing enum for a typo
+
+
+def _launch_words(args: list[str], console: bool) -> int:
+    """`safe-llama [launcher options] TOOL [llama.cpp args]`."""
+    from safe_llama.cmdline.launch_args import split
     from safe_llama.errors import SafeLlamaError
     from safe_llama.run.exits import guarded
 
-    if argv is None and name in DROP_IN:
-        return _drop_in(DROP_IN[name], argv)
-    if args[:1] == ["rpc-server"]:
-        _fast_start(argv)
-        return guarded(lambda: _rpc_server(args[1:]))
     try:
         request = split(args)
     except SafeLlamaError as err:
         sys.stderr.write(f"{err.message}\n")
         return int(err.status)
-    if request is not None:
-        from safe_llama.run.passthrough import pass_through_early
+    if request is None:  # --help before the tool
+        return _help(["--help"])
+    from safe_llama.run.passthrough import pass_through_early
 
-        tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
-        pass_through_early(tool, tool_args, given)
-        _fast_start(argv)
-        door = None if argv is not None else ("safe-llama", list(args))
-        return _leave(guarded(lambda: _launch(tool, tool_args, given, door)), argv)
-    _fast_start(argv)
-    call = plan_call(args[1:]) if args[:1] == ["plan"] else None
-    if call is not None:
-        from safe_llama.commands.plan import run_plan
+    tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
+    pass_through_early(tool, tool_args, given)
+    door = ("safe-llama", list(args)) if console else None
+    return guarded(lambda: _launch(tool, tool_args, given, door))
 
-        return guarded(lambda: run_plan(**call))  # type: ignore[arg-type]
+
+def _command(word: str, args: list[str]) -> int:
+    """A command word's own options read from the table, then its one call (`--help`: cli shows it)."""
+    from safe_llama.cmdline.own_options import COMMANDS, read
+    from safe_llama.errors import ExitStatus, SafeLlamaError
+    from safe_llama.run.exits import guarded
+
+    def body() -> int:
+        reading = read(word, args)
+        if reading.help:
+            return _help([word, "--help"])
+        takes_words = any(command.arguments for command in COMMANDS if command.name == word)
+        if reading.words and not takes_words:
+            raise SafeLlamaError(f"safe-llama: {word}: takes no arguments ('{reading.words[0]}')", ExitStatus.USAGE)
+        return RUNNERS[word](reading.settings, reading.words)
+
+    return guarded(body)
+
+
+def _check_tool(tool: str | None) -> str:
+    from safe_llama.cmdline.own_options import TOOLS
+    from safe_llama.errors import ExitStatus, SafeLlamaError
+
+    if tool is None:
+        raise SafeLlamaError(
+            f"safe-llama: which tool? Expected one of {', '.join(TOOLS)} (e.g. safe-llama plan server -m model.gguf)",
+            ExitStatus.USAGE,
+        )
+    if tool not in TOOLS:
+        raise SafeLlamaError(f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE)
+    return tool
+
+
+def _plan(settings: Mapping[str, str], words: list[str]) -> int:
+    from safe_llama.commands.plan import run_plan
+
+    return run_plan(tool=_check_tool(words[0] if words else None), args=words[1:], given=settings)
+
+
+def _devices(settings: Mapping[str, str], words: list[str]) -> int:
+    from safe_llama.cmdline.own_options import flag, integrated
+    from safe_llama.commands.devices import run_devices_command
+
+    run_devices_command(
+        llama_bin=settings.get("bin_dir"), device=settings.get("device"),
+        openvino_device=settings.get("openvino_device"), profile=settings.get("profile"),
+        max_alloc=settings.get("max_alloc"), device_memory=settings.get("device_memory"),
+        integrated=integrated(settings), host_memory=settings.get("host_memory"),
+        refresh=bool(flag(settings, "refresh")), json_out=bool(flag(settings, "json")),
+    )  # fmt: skip
+    return 0
+
+
+def _install_shims(settings: Mapping[str, str], words: list[str]) -> int:
+    from pathlib import Path
+
+    from safe_llama.cmdline.own_options import flag
+    from safe_llama.commands import shims
+
+    folder = Path(settings["dir"]) if settings.get("dir") else shims.default_dir(os.environ)
+    remove = bool(flag(settings, "remove"))
+    lines, ok = shims.install_shims(folder, scripts=shims.scripts_dir(), remove=remove, path=os.environ.get("PATH", ""))
+    sys.stdout.write("".join(f"safe-llama: {line}\n" for line in lines))
+    return 0 if ok else 1
+
+
+def _forget(settings: Mapping[str, str], words: list[str]) -> int:
+    from safe_llama.run import remember
+
+    sys.stdout.write(f"safe-llama: forgot {remember.forget(os.environ)} remembered plan(s)\n")
+    return 0
+
+
+def _explain(settings: Mapping[str, str], words: list[str]) -> int:
+    from safe_llama.cmdline.own_options import flag
+    from safe_llama.commands.explain import run_explain
+
+    tool = settings.get("tool")
+    return run_explain(
+        file=words[0] if words else "-", args=words[1:], model=settings.get("model"),
+        tool=None if tool is None else _check_tool(tool), json_out=bool(flag(settings, "json")),
+    )  # fmt: skip
+
+
+def _doctor(settings: Mapping[str, str], words: list[str]) -> int:
+    from safe_llama.cmdline.own_options import flag
+    from safe_llama.commands.doctor import run_doctor
+
+    return run_doctor(json_out=bool(flag(settings, "json")), refresh=bool(flag(settings, "refresh")))
+
+
+# every command word of own_options.COMMANDS -> its one call (a test holds the two equal)
+RUNNERS: dict[str, Callable[[Mapping[str, str], list[str]], int]] = {
+    "plan": _plan, "devices": _devices, "install-shims": _install_shims, "forget": _forget, "explain": _explain,
+    "doctor": _doctor,
+}  # fmt: skip
+
+
+def _help(args: list[str]) -> int:
+    """The help made from the table (and typer's shell completion): the only path that loads typer."""
     from safe_llama import cli
 
-    return cli.run_app(args)
+    return cli.show_help(args)
 
 
 def _early(door: str, args: list[str]) -> Early | None:
     """Attempt 1 started from a launch record (run/early.py), or None."""
     from safe_llama.run import early
 
-    return early.start(door, args)
+    return early.start(door, args, os.environ)
 
 
 def _adopt(started: Early, args: list[str]) -> int:
     """The supervisor takes over the early start."""
     from safe_llama.run.exits import guarded
 
-    _fast_start(None, "early")
-
     def body() -> int:
         from safe_llama.run.launch import adopted
 
         return adopted(started, args)
 
-    return _leave(guarded(body), None)
-
-
-def _leave(code: int, argv: list[str] | None) -> int:
-    """After a console script's own launch: exit now, as Python would but without tearing down every module
-    (some 8 ms once the child has exited): atexit's functions run, stdout and stderr are flushed."""
-    if argv is not None:
-        return code
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = 120  # what Python's own exit reports when its final flush fails
-    os._exit(code)
-
-
-def _fast_start(argv: list[str] | None, part: str = "") -> None:
-    """A console script's own run (argv None: not a caller inside another program) keeps the code of its
-    dataclass methods between runs (startup.py)."""
-    if argv is None:
-        from safe_llama import startup
-
-        startup.install(part=part)
+    return guarded(body)
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
@@ -169,9 +228,9 @@ def _rpc_server(args: list[str]) -> int:
     return run_rpc_server(args, os.environ)
 
 
-def _drop_in(tool: str, argv: list[str] | None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if argv is None:
+def _drop_in(tool: str, args: list[str], *, console: bool) -> int:
+    """A drop-in: exactly the tool's own arguments."""
+    if console:
         early = _early(tool, args)
         if early is not None:
             return _adopt(early, args)
@@ -180,20 +239,19 @@ def _drop_in(tool: str, argv: list[str] | None) -> int:
     pass_through_early(tool, args, {})
     from safe_llama.run.exits import guarded
 
-    _fast_start(argv)
-    return _leave(guarded(lambda: _launch(tool, args, {}, None if argv is not None else (tool, args))), argv)
+    return guarded(lambda: _launch(tool, args, {}, (tool, args) if console else None))
 
 
-def main_cli(argv: list[str] | None = None) -> int:
-    """safe-llama-cli: exactly llama-cli's arguments."""
-    return _drop_in("cli", argv)
+def main_cli() -> int:
+    """The safe-llama-cli console script: exactly llama-cli's arguments."""
+    return _drop_in("cli", sys.argv[1:], console=True)
 
 
-def main_server(argv: list[str] | None = None) -> int:
-    """safe-llama-server: exactly llama-server's arguments."""
-    return _drop_in("server", argv)
+def main_server() -> int:
+    """The safe-llama-server console script: exactly llama-server's arguments."""
+    return _drop_in("server", sys.argv[1:], console=True)
 
 
-def main_completion(argv: list[str] | None = None) -> int:
-    """safe-llama-completion: exactly llama-completion's arguments."""
-    return _drop_in("completion", argv)
+def main_completion() -> int:
+    """The safe-llama-completion console script: exactly llama-completion's arguments."""
+    return _drop_in("completion", sys.argv[1:], console=True)

@@ -104,38 +104,31 @@ def file_key(path: Path) -> str:
 
 
 def digest(text: str, length: int = 64) -> str:
-    """A hex digest for cache keys and file names. BLAKE2b from CPython's own _blake2 (0.1 ms to import), not
-    hashlib, whose OpenSSL binding costs 4 ms on every launch; hashlib's SHA-256 where _blake2 is missing."""
-    try:
-        from _blake2 import blake2b
-    except ImportError:
-        import hashlib
+    """A hex digest for cache keys and file names."""
+    import hashlib
 
-        return hashlib.sha256(text.encode()).hexdigest()[:length]
-    return blake2b(text.encode(), digest_size=32).hexdigest()[:length]
+    return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()[:length]
 
 
-def load_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's tables, kept as JSON in the cache beside what it was read from (its path, size and mtime
-    in the key): the next run reads JSON instead of importing tomllib and parsing (about 8 ms a launch).
-    OSError when the file cannot be read; ValueError (tomllib.TOMLDecodeError) when it is not TOML."""
-    from safe_llama.paths import cache_dir, config_dir, configs_dir
-
-    st = os.stat(path)
-    where = os.path.abspath(path)
-    # only the packaged configs and the user's own: other files (a test's) would pile up in the cache
-    kept = any(where.startswith(f"{os.path.abspath(d)}{os.sep}") for d in (configs_dir(), config_dir()))
-    key = digest(f"{where}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}", 32)
-    cached = cache_dir() / "toml" / f"{key}.json"
-    data = read_json(cached, warn=False) if kept else None
-    if isinstance(data, dict):
-        return data
+def load_toml(path: Path, keep_in: Path | None = None) -> dict[str, Any]:
+    """A TOML file's tables. keep_in: a cache folder where the parsed form is kept as JSON (its path, size and
+    mtime in the key), so the next run reads JSON instead of importing tomllib and parsing (about 8 ms a
+    launch); callers pass it for safe-llama's own files (the packaged configs, the user's config), never for
+    others (a test's would pile up). OSError when the file cannot be read; ValueError
+    (tomllib.TOMLDecodeError) when it is not TOML."""
+    cached = None
+    if keep_in is not None:
+        st = os.stat(path)
+        key = digest(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}", 32)
+        cached = keep_in / "toml" / f"{key}.json"
+        data = read_json(cached, warn=False)
+        if isinstance(data, dict):
+            return data
     import tomllib
 
     data = tomllib.loads(Path(path).read_text())
-    if not kept:
-        return data
-    # dates and times are not JSON (none in safe-llama's files); an unwritable cache: parsed again next time
-    with contextlib.suppress(OSError, TypeError, ValueError):
-        write_json(cached, data)
+    if cached is not None:
+        # dates and times are not JSON (none in safe-llama's files); an unwritable cache: parsed again next time
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            write_json(cached, data)
     return data

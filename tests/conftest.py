@@ -16,7 +16,7 @@ from safe_llama.paths import pinned_bin_dir
 
 
 def _bin_dir(flavour: str) -> Path:
-    path = pinned_bin_dir(flavour)
+    path = pinned_bin_dir(flavour, os.environ)
     if not (path / "llama-server").is_file():
         pytest.fail(f"pinned llama.cpp ({flavour}) not built: run scripts/build-llama.sh {flavour}")
     return path
@@ -42,7 +42,7 @@ def vulkan_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:
-    return bundled_model_path()
+    return bundled_model_path(os.environ)
 
 
 @pytest.fixture

@@ -1,34 +1,72 @@
-"""entry.py reads `plan`'s options without typer (the fast path); cli.py declares the same options for help.
-The two must not drift: every option typer knows for `plan` is read by entry, with the same arity."""
+"""entry.run is the one dispatch: every command word, the launch and the help are decided there, each
+command's options read from the one table (cmdline/own_options.py) without typer."""
 
 from __future__ import annotations
 
-import typer
+import pytest
 
-from safe_llama.cli import app
-from safe_llama.entry import PLAN_OPTIONS, plan_call
-
-
-def test_plan_options_match_typers() -> None:
-    command = typer.main.get_command(app).commands["plan"]  # type: ignore[attr-defined]
-    declared = {}
-    for param in command.params:
-        for name in [*param.opts, *getattr(param, "secondary_opts", [])]:
-            if name.startswith("--") and name != "--help":
-                declared[name] = not (param.is_flag or param.count)
-    assert declared == {name: takes_value for name, (_, takes_value) in PLAN_OPTIONS.items()}
+from safe_llama import entry
+from safe_llama.cmdline import own_options
 
 
-def test_plan_call_reads_what_typer_would() -> None:
-    call = plan_call(["--json", "--min-ctx", "8192", "--ladder=ctx", "server", "-m", "x.gguf", "--json"])
-    assert call == {"json_out": True, "min_ctx": 8192, "ladder": "ctx", "tool": "server",
-                    "args": ["-m", "x.gguf", "--json"]}  # fmt: skip
-    assert plan_call(["--bogus", "server"]) is None  # typer answers: a usage error
-    assert plan_call(["--min-ctx", "many", "server"]) is None
+def test_every_command_has_one_runner() -> None:
+    assert set(entry.RUNNERS) == set(own_options.COMMAND_NAMES)
 
 
-def test_the_early_start_s_tools_are_launch_args() -> None:
-    from safe_llama import entry
-    from safe_llama.cmdline.launch_args import TOOLS
+def test_plan_gets_what_the_table_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from safe_llama.commands import plan
 
-    assert entry._TOOLS == TOOLS
+    calls: list[dict[str, object]] = []
+
+    def run_plan(**call: object) -> int:
+        calls.append(call)
+        return 0
+
+    monkeypatch.setattr(plan, "run_plan", run_plan)
+    assert entry.run(["plan", "--json", "--min-ctx", "8192", "--ladder=ctx", "server", "-m", "x.gguf", "--json"]) == 0
+    assert calls == [{"tool": "server", "args": ["-m", "x.gguf", "--json"],
+                      "given": {"json": "1", "min_ctx": "8192", "ladder": "ctx"}}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(["plan", "--bogus", "server"], "safe-llama: --bogus: no such option", id="plan-unknown"),
+        pytest.param(["plan", "--min-ctx", "many", "server"], "'many' is not a whole number", id="plan-number"),
+        pytest.param(["plan", "servr"], "unknown tool 'servr'", id="plan-tool"),
+        pytest.param(["plan"], "which tool?", id="plan-no-tool"),
+        pytest.param(["--bogus", "server"], "safe-llama: --bogus: no such option", id="launch-unknown"),
+        pytest.param(["--min-ctx"], "safe-llama: --min-ctx: needs a value", id="launch-no-value"),
+        pytest.param(["--min-ctx", "5"], "which tool?", id="launch-no-tool"),
+        pytest.param(["devices", "extra"], "devices: takes no arguments", id="devices-word"),
+        pytest.param(["explain", "--tool", "x"], "unknown tool 'x'", id="explain-tool"),
+        pytest.param(["bogus"], "unknown command 'bogus'", id="command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert entry.run(args) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        pytest.param(["--help"], "Launcher options", id="root"),
+        pytest.param([], "Launcher options", id="bare"),
+        pytest.param(["--min-ctx", "5", "--help"], "Launcher options", id="launch"),
+        pytest.param(["plan", "--help"], "--kv-single", id="plan"),
+        pytest.param(["explain", "--help"], "--model", id="explain"),
+    ],
+)
+def test_help(args: list[str], shown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert entry.run(args) == (2 if not args else 0)  # bare: click's usage error, the help on stderr
+    printed = capsys.readouterr()
+    assert shown in (printed.err if not args else printed.out)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from safe_llama import __version__
+
+    assert entry.run(["--version"]) == 0
+    assert capsys.readouterr().out == f"safe-llama {__version__}\n"

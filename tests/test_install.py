@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from tests.llama_run import free_port, healthy
 
 ROOT = Path(__file__).resolve().parent.parent
-UNIT = configs_dir() / "systemd" / "safe-llama-server.service"
+UNIT = packaged_configs() / "systemd" / "safe-llama-server.service"
 NOBODY = 65534
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

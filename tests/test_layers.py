@@ -16,7 +16,7 @@ LAYERS = {
     "leaf": 0, "model": 1, "cmdline": 2, "device": 3, "plan": 4, "diagnosis": 5, "pipeline": 6, "run": 7,
     "commands": 8, "door": 9,
 }  # fmt: skip
-LEAVES = {"errors", "units", "paths", "state", "startup", "__init__"}
+LEAVES = {"errors", "units", "constants", "paths", "state", "__init__"}
 DOORS = {"entry", "cli", "__main__"}
 
 

@@ -16,8 +16,9 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
+from safe_llama.constants import mask_values
 from safe_llama.model.cache_types import CACHE_TYPES
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 
 # llama.cpp's example ids for the three tools safe-llama stands in front of.
 TOOL_EXAMPLE = {"cli": "cli", "server": "server", "completion": "completion"}
@@ -61,7 +62,7 @@ class ArgTable(NamedTuple):
 
 @cache
 def arg_table(tool: str, path: Path | None = None) -> ArgTable:
-    source = path or configs_dir() / "llama-args.json"
+    source = path or packaged_configs() / "llama-args.json"
     raw = json.loads(source.read_text())
     specs: list[OptionSpec] = []
     by_name: dict[str, tuple[OptionSpec, bool]] = {}
@@ -359,7 +360,7 @@ def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
     """configs/secrets.toml, each option widened to all its names in the option table."""
     from safe_llama import state
 
-    raw = state.load_toml(path or configs_dir() / "secrets.toml")
+    raw = state.load_toml(path or packaged_configs() / "secrets.toml")
     named = {_normalise(str(o)) for o in raw["options"]}
     table = arg_table(tool)
     options = set(named)
@@ -371,15 +372,7 @@ def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
 
 def redact_argv(argv: Sequence[str], tool: str = "server") -> list[str]:
     """argv safe to print: the value of every secret option replaced (--opt VALUE and --opt=VALUE)."""
-    hidden = secrets(tool).options
-    out = list(argv)
-    for i, arg in enumerate(out):
-        name, eq, _ = _normalise(arg).partition("=")
-        if name in hidden and eq:
-            out[i] = f"{arg.partition('=')[0]}={REDACTED}"
-        elif _normalise(arg) in hidden and i + 1 < len(out):
-            out[i + 1] = REDACTED
-    return out
+    return mask_values(argv, secrets(tool).options, REDACTED)
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
-from safe_llama.device.binaries import TOOL_BINARY, locate_binary
+from safe_llama.constants import TOOL_BINARY
+from safe_llama.device.binaries import locate_binary
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.devices import load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
@@ -35,7 +36,7 @@ from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Target, kv_splits
+from safe_llama.plan.target import Probed, kv_splits
 from safe_llama.units import human
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -200,7 +201,7 @@ def check_openvino(m: Machine) -> Check:
             worst = "warn" if worst == "pass" else worst
             fixes.append("safe-llama treats an unknown build as having the single-allocation bug (the safe side)")
             continue
-        probe = Target(backend="openvino", host_budget=m.host.budget_bytes, binary_version=build.version.version)
+        probe = Probed(backend="openvino", host_budget=m.host.budget_bytes, binary_version=build.version.version)
         if kv_splits(probe, m.policy):
             details.append(f"{label}: splits the KV cache at the device's max allocation (fixed, PR #29124)")
         else:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from safe_llama.cmdline.llama_args import parse
-from safe_llama.device.binaries import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
 from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words
@@ -38,7 +38,7 @@ from safe_llama.diagnosis.remedies import (
 from safe_llama.diagnosis.words import Words, fill, load_words
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Target, kv_splits
+from safe_llama.plan.target import Probed, kv_splits
 
 if TYPE_CHECKING:
     from safe_llama.pipeline.prepare import Prepared
@@ -84,8 +84,8 @@ def stage_of(reading: LogReading, words: Words) -> str | None:
     return reading.stage
 
 
-def _probe_target(backend: str, version: str | None) -> Target:
-    return Target(backend=backend, host_budget=Sourced(0, "declared", "unused"), binary_version=version)
+def _probe_target(backend: str, version: str | None) -> Probed:
+    return Probed(backend=backend, host_budget=Sourced(0, "declared", "unused"), binary_version=version)
 
 
 def explain(

@@ -15,7 +15,7 @@ from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline.prepare import PlanOptions, context_note, final_argv, prepare
 from safe_llama.plan import render
-from safe_llama.plan.memory import Settings, memory_by_place
+from safe_llama.plan.memory import LlamaSettings, memory_by_place
 
 
 def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:
@@ -72,7 +72,9 @@ def plan_command(
         extra.append(note)
     result["notes"] = list(result["notes"]) + extra
     result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
-    settings = prepared.plan.settings if prepared.plan else Settings(kv=prepared.request.kv, layout=prepared.layout)
+    settings = (
+        prepared.plan.settings if prepared.plan else LlamaSettings(kv=prepared.request.kv, layout=prepared.layout)
+    )
     result["memory"] = memory_by_place(prepared.facts, settings, prepared.target)
     if json_out:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
@@ -84,37 +86,16 @@ def plan_command(
     return 0
 
 
-def run_plan(
-    *,
-    tool: str,
-    args: list[str],
-    json_out: bool = False,
-    ladder: str | None = None,
-    min_ctx: int | None = None,
-    profile: str | None = None,
-    max_alloc: str | None = None,
-    device_memory: str | None = None,
-    integrated: bool | None = None,
-    host_memory: str | None = None,
-    llama_bin: str | None = None,
-    llama_version: str | None = None,
-    kv_split: bool | None = None,
-    rpc_memory: str | None = None,
-) -> int:
-    """`safe-llama plan`: the same resolution as the launch (these options over SAFE_LLAMA_* over the config
-    file), then the plan printed."""
+def run_plan(*, tool: str, args: list[str], given: Mapping[str, str], env: Mapping[str, str] = os.environ) -> int:
+    """`safe-llama plan`: the same resolution as the launch (given, `plan`'s own options as
+    cmdline.own_options reads them, over SAFE_LLAMA_* over the config file), then the plan printed."""
     from dataclasses import replace
 
     from safe_llama.cmdline import launch_args
+    from safe_llama.cmdline.own_options import flag
     from safe_llama.pipeline.options import launch_options
 
-    typed = {
-        "ladder": ladder, "min_ctx": None if min_ctx is None else str(min_ctx), "profile": profile,
-        "max_alloc": max_alloc, "device_memory": device_memory, "host_memory": host_memory, "bin_dir": llama_bin,
-        "llama_version": llama_version, "rpc_memory": rpc_memory,
-        "integrated": None if integrated is not True else "1", "discrete": None if integrated is not False else "1",
-    }  # fmt: skip
-    given = {k: v for k, v in typed.items() if v is not None}
-    settings, origins = launch_args.resolve_sourced(given, os.environ)
-    options = replace(launch_options(settings, origins).plan, kv_split=kv_split)
-    return plan_command(tool=tool, args=args, json_out=json_out, options=options)
+    launcher = {key: value for key, value in given.items() if key in launch_args.ENV}
+    settings, origins = launch_args.resolve_sourced(launcher, env)
+    options = replace(launch_options(settings, origins).plan, kv_split=flag(given, "kv_split"))
+    return plan_command(tool=tool, args=args, json_out=bool(flag(given, "json")), options=options, env=env)

@@ -5,14 +5,13 @@ Owns reading and checking those tables; must not probe a device (device_map appl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import config_dir, configs_dir
+from safe_llama.paths import cache_dir, config_dir, configs_dir, packaged_configs
 
 
 @dataclass(frozen=True)
@@ -50,14 +49,20 @@ def parse_backend_rules(data: Mapping[str, Any], where: str) -> dict[str, Backen
     return rules
 
 
-def backend_rules(env: Mapping[str, str] = os.environ) -> dict[str, BackendRule]:
+def packaged_backend_rules() -> dict[str, BackendRule]:
+    """The packaged configs/backends.toml alone (for a device chosen without a user's settings: tests, tools)."""
+    path = packaged_configs() / "backends.toml"
+    return parse_backend_rules(state.load_toml(path), str(path))
+
+
+def backend_rules(env: Mapping[str, str]) -> dict[str, BackendRule]:
     """configs/backends.toml, each entry replaced by the user's config.toml [backends] entry of that key."""
     path = configs_dir(env) / "backends.toml"
-    rules = parse_backend_rules(state.load_toml(path), str(path))
+    rules = parse_backend_rules(state.load_toml(path, cache_dir(env)), str(path))
     user = config_dir(env) / "config.toml"
     if user.is_file():
         try:
-            mine = state.load_toml(user).get("backends", {})
+            mine = state.load_toml(user, cache_dir(env)).get("backends", {})
         except (OSError, ValueError):
             return rules  # cmdline.launch_args reports a broken config file before any probe
         if not isinstance(mine, Mapping):

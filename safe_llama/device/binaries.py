@@ -11,14 +11,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.self_check import is_self as _is_self
 from safe_llama.device.self_check import own_paths
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import pinned_bin_dirs
-
-TOOL_BINARY = {
-    "cli": "llama-cli", "server": "llama-server", "completion": "llama-completion", "rpc-server": "ggml-rpc-server",
-}  # fmt: skip
 
 
 def find_binary(

@@ -8,13 +8,12 @@ as a value (probe results, profiles, environment); it reads no files and runs no
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from safe_llama.device.backends import BackendRule, backend_rules
+from safe_llama.device.backends import BackendRule, packaged_backend_rules
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.limits import (
     NOTHING_DECLARED,
@@ -284,7 +283,7 @@ def resolve_target(
     declared: DeclaredLimits = NOTHING_DECLARED,
     profile: DeviceProfile | None = None,
     profiles: Sequence[DeviceProfile] = (),
-    env: Mapping[str, str] = os.environ,
+    env: Mapping[str, str],
     rules: Mapping[str, BackendRule] | None = None,
     free_now: Sequence[FreeReading] = (),
     listing_age: float | None = None,
@@ -294,7 +293,7 @@ def resolve_target(
     matched by device name. Pure: every fact comes in as a value (`rules`: configs/backends.toml as
     `devices.backend_rules` reads it; None reads the packaged file)."""
     if rules is None:
-        rules = backend_rules({})
+        rules = packaged_backend_rules()
     choice = _choose_llama_device(request, listed, profile)
     rule = _rule_for(rules, choice.backend, choice.backend_device)
     notes = list(choice.notes)

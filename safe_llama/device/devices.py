@@ -103,34 +103,36 @@ def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
     return [config_dir(env) / "devices", configs_dir(env) / "devices"]
 
 
-def _read_profile(path: Path) -> DeviceProfile:
+def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
+    """keep_in: the cache folder for a profile of safe-llama's own folders (state.load_toml); None for one
+    named by its path."""
     try:
-        data = state.load_toml(path)
+        data = state.load_toml(path, keep_in)
     except (OSError, ValueError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
     return parse_profile(path.stem, str(path), data)
 
 
-def load_profile(name: str, env: Mapping[str, str] = os.environ) -> DeviceProfile:
+def load_profile(name: str, env: Mapping[str, str]) -> DeviceProfile:
     """A profile by name (configs/devices/<name>.toml, or the user's) or by path."""
     if name.endswith(".toml") or os.sep in name:
         return _read_profile(Path(name))
     for directory in _profile_dirs(env):
         candidate = directory / f"{name}.toml"
         if candidate.is_file():
-            return _read_profile(candidate)
+            return _read_profile(candidate, cache_dir(env))
     known = sorted({p.stem for d in _profile_dirs(env) if d.is_dir() for p in d.glob("*.toml")})
     raise SafeLlamaError(
         f"safe-llama: no device profile '{name}' (known: {', '.join(known) or 'none'})", ExitStatus.BAD_CONFIG
     )
 
 
-def load_profiles(env: Mapping[str, str] = os.environ) -> tuple[DeviceProfile, ...]:
+def load_profiles(env: Mapping[str, str]) -> tuple[DeviceProfile, ...]:
     seen: dict[str, DeviceProfile] = {}
     for directory in _profile_dirs(env):
         if directory.is_dir():
             for path in sorted(directory.glob("*.toml")):
-                seen.setdefault(path.stem, _read_profile(path))
+                seen.setdefault(path.stem, _read_profile(path, cache_dir(env)))
     return tuple(seen.values())
 
 
@@ -257,7 +259,7 @@ def probe_devices(
     *,
     binary: Path | None,
     command: CommandLine | None = None,
-    env: Mapping[str, str] = os.environ,
+    env: Mapping[str, str],
     declared: DeclaredLimits = NOTHING_DECLARED,
     refresh: bool = False,
     roots: ProbeRoots = DEFAULT_ROOTS,

@@ -194,7 +194,7 @@ def _why_no_platforms(env: Mapping[str, str]) -> str:
     return "no OpenCL platform: " + "; ".join(reasons)
 
 
-def probe_opencl(env: Mapping[str, str] = os.environ) -> OpenCLReport:
+def probe_opencl(env: Mapping[str, str]) -> OpenCLReport:
     """Every platform and device pyopencl sees. Never raises: failures are in status and note.
 
     `env` only explains failures (which vendor directories were read); the ICD loader and the drivers
@@ -271,7 +271,7 @@ def report_from_dict(data: Mapping[str, Any]) -> OpenCLReport:
     )
 
 
-def probe_opencl_isolated(env: Mapping[str, str] = os.environ, *, timeout: float = 60.0) -> OpenCLReport:
+def probe_opencl_isolated(env: Mapping[str, str], *, timeout: float = 60.0) -> OpenCLReport:
     """probe_opencl in a child Python. A broken driver that crashes or hangs cannot take safe-llama with
     it, and the ICDs read `env` (pocl reads POCL_MEMORY_LIMIT when it loads, NEO its debug keys)."""
     try:
@@ -300,11 +300,11 @@ def probe_opencl_isolated(env: Mapping[str, str] = os.environ, *, timeout: float
         )
 
 
-def main() -> int:
+def main(env: Mapping[str, str]) -> int:
     """`python -m safe_llama.device.probe_opencl`: print one marked JSON line (what probe_opencl_isolated reads)."""
-    sys.stdout.write(RESULT_MARK + json.dumps(report_to_dict(probe_opencl())) + "\n")
+    sys.stdout.write(RESULT_MARK + json.dumps(report_to_dict(probe_opencl(env))) + "\n")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the probe's own process: its environment is its input
+    sys.exit(main(os.environ))

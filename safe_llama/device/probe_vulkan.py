@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import struct
 import sys
 from collections.abc import Mapping, Sequence
@@ -247,7 +246,7 @@ def report_from_dict(data: Mapping[str, Any]) -> VulkanReport:
     return VulkanReport(devices=tuple(devices), status=str(data["status"]), note=str(data["note"]))
 
 
-def probe_vulkan_isolated(env: Mapping[str, str] = os.environ, *, timeout: float = 60.0) -> VulkanReport:
+def probe_vulkan_isolated(env: Mapping[str, str], *, timeout: float = 60.0) -> VulkanReport:
     """probe_vulkan in a child Python: a broken driver that crashes or hangs cannot take safe-llama with it,
     and the loader reads `env` (VK_DRIVER_FILES and the drivers' own switches)."""
     try:

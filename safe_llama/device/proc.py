@@ -12,11 +12,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.errors import ExitStatus, SafeLlamaError
-
-# Set in every child safe-llama starts: a "llama.cpp binary" that is really safe-llama (a PATH shim)
-# sees it and refuses at once instead of probing and launching itself again.
-GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,7 @@ class Captured:
 def run_capture(
     argv: Sequence[str | os.PathLike[str]],
     *,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
     timeout: float = 10.0,
 ) -> Captured:
     """Run argv (no shell, stdin from /dev/null) and return its exit status and decoded output.
@@ -50,7 +47,7 @@ def run_capture(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**(os.environ if env is None else env), GUARD_ENV: str(os.getpid())},
+            env={**env, GUARD_ENV: str(os.getpid())},
             start_new_session=True,
         )
     except FileNotFoundError:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from safe_llama.device.binaries import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.diagnosis.log_reading import FailedRun, LogReading
 from safe_llama.diagnosis.own_lines import OwnLine
 from safe_llama.diagnosis.remedies import Remedy, bytes_words

@@ -13,16 +13,17 @@ from typing import Protocol
 
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
 from safe_llama.cmdline.request import Request, to_request
-from safe_llama.device.binaries import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
-from safe_llama.plan.memory import Settings, allocations
-from safe_llama.plan.planner import Plan, describe, plan
+from safe_llama.plan.memory import LlamaSettings, allocations
+from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Target, with_learned
+from safe_llama.plan.target import Lessons, Probed, Target, target_policy, with_learned
+from safe_llama.plan.words import describe, limit_words
 from safe_llama.units import human
 
 # The host budget planned against when the log names none: no limit; a share of the failed KV stands in.
@@ -218,7 +219,7 @@ def log_target(facts: LogMachine, failure: FailedAllocation, policy: Policy) -> 
     if facts.address_space_limit is not None:
         budget = Sourced(facts.address_space_limit, "declared", facts.address_space_from)
         limits = (HostLimit("address space", budget),)
-    target = Target(
+    probed = Probed(
         backend=backend,
         host_budget=budget,
         address_space_budget=bool(limits),
@@ -226,10 +227,8 @@ def log_target(facts: LogMachine, failure: FailedAllocation, policy: Policy) -> 
         integrated=bool(facts.integrated),
         device=facts.device,
         host_limits=limits,
-        kv_f16_copies=on_gpu and backend in policy.kv_f16_copy_backends,
-        cpu_repack_types=policy.cpu_repack_types,
-        compute_costs=policy.compute,
     )
+    target = Target.of(probed, target_policy(policy, probed), Lessons())
     target = with_learned(target, failure.limit_bytes if on_gpu else None)
     note = None
     if on_gpu and facts.integrated is None:
@@ -272,9 +271,9 @@ def plan_remedies(
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     user_fit = inputs.cmd.get("--fit") is not None
-    as_asked = allocations(inputs.facts, Settings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
+    as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
     if failure.memory and all(a.fits for a in as_asked):
-        named = [a.limit_words for a in as_asked if a.limit < UNKNOWN_HOST // 2]
+        named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
         notes.append(
             "as asked, the command fits "
             + (f"every limit the log names ({'; '.join(named)})" if named else "everything the log says of its machine")

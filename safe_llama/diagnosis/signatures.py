@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 
 Category = Literal["alloc", "context", "not_memory", "generic", "harmless"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
@@ -132,7 +132,7 @@ def clean_line(raw: str) -> str:
 
 
 def default_table_path() -> Path:
-    return configs_dir() / "signatures.toml"
+    return packaged_configs() / "signatures.toml"
 
 
 def _parse_entry(entry: Any, where: str) -> Signature:

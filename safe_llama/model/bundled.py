@@ -36,7 +36,7 @@ def _home(env: Mapping[str, str]) -> tuple[Path, int]:
     return cache_dir(env) / "models", 0o700
 
 
-def bundled_model_path(env: Mapping[str, str] = os.environ) -> Path:
+def bundled_model_path(env: Mapping[str, str]) -> Path:
     """The assembled .gguf, assembling (and checking its sha256) only the first time."""
     for folder in bundled_model_dirs(env):
         if _verified(folder / FILE_NAME):

@@ -21,7 +21,7 @@ from safe_llama.paths import cache_dir
 FORMAT = 1
 
 
-def facts_for(path: str | os.PathLike[str], env: Mapping[str, str] = os.environ) -> ModelFacts:
+def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFacts:
     model = Path(path)
     try:
         key = state.file_key(model)

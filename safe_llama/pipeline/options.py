@@ -1,6 +1,6 @@
-"""safe-llama's own options (resolved by cmdline.launch_args: flags over SAFE_LLAMA_* over config.toml) turned
-into the options of a plan and a launch: the ladder's steps checked against the planner's, the declared
-device and host limits read, the numbers checked.
+"""safe-llama's own options (rows of cmdline.own_options, resolved by cmdline.launch_args: flags over
+SAFE_LLAMA_* over config.toml) turned into the options of a plan and a launch: the ladder's steps checked
+against the planner's, the declared device and host limits read, the numbers checked.
 
 Owns that validation; the values themselves come from cmdline.launch_args."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from safe_llama.cmdline import own_options
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.pipeline.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOptions
 
@@ -68,16 +69,13 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
                 f"safe-llama: {where}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
             ) from None
 
-    integrated = True if _truthy(settings.get("integrated"), False) else None
-    if _truthy(settings.get("discrete"), False):
-        integrated = False
     plan = plan_options(
         ladder=settings.get("ladder"),
         min_ctx=number("min_ctx"),
         profile=settings.get("profile"),
         max_alloc=settings.get("max_alloc"),
         device_memory=settings.get("device_memory"),
-        integrated=integrated,
+        integrated=own_options.integrated(settings),
         host_memory=settings.get("host_memory"),
         rpc_memory=settings.get("rpc_memory"),
         llama_bin=settings.get("bin_dir"),

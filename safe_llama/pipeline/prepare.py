@@ -21,12 +21,20 @@ from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
-from safe_llama.paths import config_dir, configs_dir
+from safe_llama.paths import cache_dir, config_dir, configs_dir
 from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
-from safe_llama.plan.policy import Policy, load_policy
+from safe_llama.plan.policy import load_policy
 from safe_llama.plan.split import Override
-from safe_llama.plan.target import Target, remote_devices, target_from, with_learned, with_worker_caps
+from safe_llama.plan.target import (
+    Lessons,
+    Target,
+    remote_devices,
+    target_from,
+    target_policy,
+    with_learned,
+    with_worker_caps,
+)
 from safe_llama.units import human
 
 
@@ -209,21 +217,15 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
     """The plan again for the same model and device, with what was learned (a device limit, a KV cap):
     no file or device is read again."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
-    target = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps)
-    target = replace(
-        target, kv_cap=options.kv_cap, compute_extra=options.compute_extra, margin_scale=options.margin_scale
-    )
-    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
-    target = replace(
-        target,
-        kv_f16_copies=target.on_gpu and target.backend in policy.kv_f16_copy_backends,
-        cpu_repack_types=policy.cpu_repack_types,
-        compute_costs=policy.compute,
-        worker_overhead=policy.rpc_worker_overhead,
-        pipeline_copies=policy.pipeline_copies,
-        device_runtime=_runtime(policy, target),
+    probed = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps).probed
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
+    lessons = Lessons(
+        kv_cap=options.kv_cap,
+        compute_extra=options.compute_extra,
+        margin_scale=options.margin_scale,
         device_cap=options.device_cap,
     )
+    target = Target.of(probed, target_policy(policy, probed), lessons)
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     try:
@@ -245,14 +247,6 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
             raise
         decided, error = None, err
     return replace(prepared, target=target, plan=decided, error=error)
-
-
-def _runtime(policy: Policy, target: Target) -> int:
-    """What the backend's runtime will take on the device, less what a listing's free figure already lacks."""
-    runtime = int(policy.per_backend(policy.device_runtime, target.backend) or 0)
-    if target.device_free_listed:
-        runtime -= int(policy.per_backend(policy.device_context, target.backend) or 0)
-    return max(runtime, 0)
 
 
 def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, str | None]:

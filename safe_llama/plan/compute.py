@@ -11,7 +11,7 @@ from functools import cache
 
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import STATE_KINDS, KvPlan, KvRequest, row_bytes
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import ComputeCosts, Policy, load_policy
 from safe_llama.plan.target import Target
 
@@ -159,4 +159,4 @@ def packaged_compute_costs() -> ComputeCosts:
 
 @cache
 def _packaged_policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")

@@ -12,15 +12,17 @@ from dataclasses import dataclass, replace
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
+from safe_llama.plan import words
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.compute import device_compute as compute_by_device
+from safe_llama.plan.llama_settings import Draft as Draft
+from safe_llama.plan.llama_settings import Layout as Layout
+from safe_llama.plan.llama_settings import LlamaSettings as LlamaSettings
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes
-from safe_llama.plan.settings import Draft as Draft
-from safe_llama.plan.settings import Layout as Layout
-from safe_llama.plan.settings import Settings as Settings
 from safe_llama.plan.split import (
     Override,
+    WeightsCache,
     balanced_split,
     device_names,
     experts_on_devices,
@@ -30,27 +32,49 @@ from safe_llama.plan.split import (
     placed_weights,
     slot_bytes,
 )
+from safe_llama.plan.tally import Tally, add, offloaded_slots
 from safe_llama.plan.target import Target, kv_splits
-from safe_llama.units import human
 
 MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class Allocation:
-    name: str
+    """One buffer, or one budget's total, against the limit it must stay under: which buffer, where, how many
+    bytes and why they count. Numbers and names only: plan.words says it in plain words."""
+
+    buffer: str  # "kv cap" | "kv tensor" | "kv buffer" | "device total" | "host total"
+    place: str  # "host", a device ("CUDA0", "RPC0"), or "" for the KV as a whole (kv cap)
     bytes: int
     limit: int
-    limit_name: str
-    # the plain words of a reason: who needs the bytes, and the limit with its size and source
-    subject: str = ""
-    limit_words: str = ""
     n_ctx: int = 0  # the context the bytes were computed at
     host_kind: str = ""  # a host limit's kind (device.host_budget.HOST_LIMIT_KINDS); "" for the others
+    source: Sourced[int] | None = None  # the limit as probed, declared or learned, before the margin
+    margin_fraction: float = 0.0  # kept free: this share of `source` (device, RAM and cgroup totals)
+    margin_bytes: int = 0  # kept free: these bytes (a KV buffer's max allocation, the address space)
+    counted: tuple[str, ...] = ()  # a total's parts, in order (memory_by_place's items; host: see _host_parts)
+    cache: str = ""  # a KV buffer's or tensor's cache kind (full, swa, ...)
+    caches: int = 1  # how many KV caches the model has
+    part: str = ""  # a KV tensor: "K" or "V"
+    piece: int = 0  # a KV buffer: which of `pieces` (from 1)
+    pieces: int = 1
+    one_allocation: bool = False  # a KV buffer: this binary allocates each cache's KV whole
+    endpoint: str = ""  # a device on an RPC worker: host:port
+    sole: bool = False  # a device total: the plan's one device, holding weights, KV and compute only
 
     @property
     def fits(self) -> bool:
         return self.bytes <= self.limit
+
+    @property
+    def name(self) -> str:
+        """plan.words.label: kept here for the renderers and tests that name an allocation."""
+        return words.label(self)
+
+    @property
+    def limit_name(self) -> str:
+        """plan.words.limit_label (see name)."""
+        return words.limit_label(self)
 
 
 def _model_memory(
@@ -63,21 +87,17 @@ def _model_memory(
     kv_offload: bool,
     repack_types: frozenset[str] = frozenset(),
     max_tensor: int | None = None,
-) -> dict[str, dict[str, int]]:
+    weights_cache: WeightsCache | None = None,
+) -> Tally:
     """Weights and KV of one model per place ("host" or a device name); on the host also the weights the
     CPU backend repacks (a second copy in allocated memory: the matrix weights of the repacked types; the
     input embeddings are read by row and stay in the mapping)."""
     n_layer = max(facts.block_count, 1)
-    # llama.cpp offloads the last n layers; more than n_layer also puts the output layer on the device
-    offloaded = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    offloaded = offloaded_slots(n_gpu_layers, n_layer)
     places = layer_places(n_layer, offloaded, devices, split)
-    weights = placed_weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor)
+    place_weights = weights_cache.placed if weights_cache is not None else placed_weights
+    weights = place_weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor)
     out = {place: dict(items) for place, items in weights.items()}
-
-    def add(place: str, item: str, size: int) -> None:
-        if size:
-            out.setdefault(place, {}).setdefault(item, 0)
-            out[place][item] += size
 
     if kv is not None:
         for cache in kv.caches:
@@ -86,13 +106,15 @@ def _model_memory(
             placed = 0
             for il in kv_layers:
                 place = places[il] if kv_offload and il < n_layer else "host"
-                add(place, "kv", per_layer)
+                add(out, place, "kv", per_layer)
                 placed += per_layer
-            add("host", "kv", cache.total_bytes - placed)
+            add(out, "host", "kv", cache.total_bytes - placed)
     return out
 
 
-def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tuple[int, ...] | None:
+def planned_split(
+    facts: ModelFacts, settings: LlamaSettings, target: Target, weights_cache: WeightsCache | None = None
+) -> tuple[int, ...] | None:
     """The -ts (layers per device) the plan sets over RPC workers at these settings: balanced_split over each
     device's memory less its compute buffer and, on a worker, the worker's own memory. None: a device whose
     memory is not known, or no split that fits."""
@@ -101,7 +123,7 @@ def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tupl
     kv = plan_kv(facts, settings.kv)
     kv_offload = layout.kv_offload and not settings.stateful
     even = replace(settings, layout=replace(layout, balance=False, tensor_split=tuple(1.0 for _ in devices)))
-    held = memory_by_place(facts, even, target)
+    held = memory_by_place(facts, even, target, weights_cache)
     room = []
     for name in devices:
         memory = memory_of(target, name)
@@ -112,7 +134,9 @@ def planned_split(facts: ModelFacts, settings: Settings, target: Target) -> tupl
     return balanced_split(slot_bytes(facts, kv, kv_offload), room)
 
 
-def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> dict[str, dict[str, int]]:
+def memory_by_place(
+    facts: ModelFacts, settings: LlamaSettings, target: Target, weights_cache: WeightsCache | None = None
+) -> Tally:
     """Where each part lives: {"CUDA0": {"weights", "kv", "compute", ...}, "host": {...}}, in bytes.
 
     Items: weights, kv, compute (estimate), mmproj (projector weights), draft_weights, draft_kv, and on the
@@ -129,8 +153,7 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     # the whole KV in host memory while a device runs the graph (its op offload copies K and V over)
     kv_on_host = main != "host" and layout.op_offload and (not kv_offload or settings.n_gpu_layers == 0)
     n_layer = max(facts.block_count, 1)
-    ngl = settings.n_gpu_layers
-    offloaded = n_layer + 1 if ngl is None or ngl < 0 else min(ngl, n_layer + 1)
+    offloaded = offloaded_slots(settings.n_gpu_layers, n_layer)
     split = layout.tensor_split or free_split(target, devices)
     expert_ff = 0
     if main != "host" and experts_on_devices(facts, layout.overrides, layer_places(n_layer, offloaded, devices, split)):
@@ -155,133 +178,114 @@ def memory_by_place(facts: ModelFacts, settings: Settings, target: Target) -> di
     )
     copies = (target.pipeline_copies - 1) * input_mask_bytes(kv) if pipelined else 0
     if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
-        chosen = planned_split(facts, settings, target)
+        chosen = planned_split(facts, settings, target, weights_cache)
         split = tuple(float(x) for x in chosen) if chosen is not None else split
     repack = target.cpu_repack_types
     max_tensor = target.max_tensor.value if target.max_tensor is not None else None
     out = _model_memory(
-        facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack, max_tensor
-    )
+        facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack, max_tensor,
+        weights_cache,
+    )  # fmt: skip
     out.setdefault("host", {})
-
-    def add(place: str, item: str, size: int) -> None:
-        if size:
-            out.setdefault(place, {}).setdefault(item, 0)
-            out[place][item] += size
 
     if target.integrated or target.backend == "openvino":
         # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
         for place in devices:
-            add("host", "kv", out.get(place, {}).get("kv", 0))
+            add(out, "host", "kv", out.get(place, {}).get("kv", 0))
     if len(devices) > 1:
         # every device that runs layers reserves its own graph (with its copies of the inputs, pipelined)
         placed = layer_places(n_layer, offloaded, devices, split)
         for place, size in compute_by_device(facts, kv, settings.kv, target, placed[: n_layer + 1], compute).items():
-            add(place, "compute", size + copies)
+            add(out, place, "compute", size + copies)
     else:
-        add(main, "compute", compute)
+        add(out, main, "compute", compute)
     for remote in target.remote:
         if remote.name in devices:
-            add(remote.name, "worker", target.worker_overhead)
+            add(out, remote.name, "worker", target.worker_overhead)
     if main != "host" and not target.integrated:
         # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
         # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add("host", "compute", host_compute_estimate(kv, costs) + copies)
+        add(out, "host", "compute", host_compute_estimate(kv, costs) + copies)
     if layout.mmproj_bytes:
-        add(main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
+        add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
         draft = layout.draft
         draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor
-        )
+            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor,
+            weights_cache,
+        )  # fmt: skip
         for place, items in part.items():
             for item, size in items.items():
-                add(place, f"draft_{item}", size)
-        add(main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
+                add(out, place, f"draft_{item}", size)
+        add(out, main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
     if layout.prompt_cache_mib:
         # tools/server/server-task.cpp server_prompt_cache: a byte limit; its token limit (n_ctx) rises to
         # what the byte limit holds, so only -1 (no byte limit) bounds it by one context's worth
         limit = kv.total_bytes if layout.prompt_cache_mib < 0 else layout.prompt_cache_mib * MIB
-        add("host", "prompt_cache", limit)
+        add(out, "host", "prompt_cache", limit)
     if layout.ctx_checkpoints > 0 and settings.kv.tool == "server":
-        add("host", "checkpoints", layout.ctx_checkpoints * max(kv.context.n_seq_max, 1) * checkpoint_bytes(facts, kv))
+        add(
+            out,
+            "host",
+            "checkpoints",
+            layout.ctx_checkpoints * max(kv.context.n_seq_max, 1) * checkpoint_bytes(facts, kv),
+        )
     return {place: dict(items) for place, items in out.items()}
 
 
-def _origin(value: Sourced[int]) -> str:
-    return f"{value.source}: {value.detail}" if value.detail else value.source
-
-
-def _margin_words(fraction: float) -> str:
-    if fraction > 0:
-        return f" less {fraction:.0%}"
-    return f" plus {-fraction:.0%}" if fraction < 0 else ""
-
-
-def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> tuple[Allocation, ...]:
+def allocations(
+    facts: ModelFacts,
+    settings: LlamaSettings,
+    target: Target,
+    policy: Policy,
+    weights_cache: WeightsCache | None = None,
+) -> tuple[Allocation, ...]:
+    """Every buffer and total the plan checks against its limit at these settings, in bytes."""
     kv = plan_kv(facts, settings.kv)
     layout = settings.layout
-    places = memory_by_place(facts, settings, target)
+    places = memory_by_place(facts, settings, target, weights_cache)
     out: list[Allocation] = []
     n_ctx = kv.context.n_ctx
     if target.kv_cap is not None:
-        out.append(
-            Allocation(
-                "KV total", kv.total_bytes, target.kv_cap, "smaller than the start that failed", "the KV cache",
-                f"the {human(target.kv_cap)} allowed after the start that failed", n_ctx,
-            )
-        )  # fmt: skip
+        out.append(Allocation("kv cap", "", kv.total_bytes, target.kv_cap, n_ctx))
     kv_on_device = target.on_gpu and not settings.stateful and layout.kv_offload
     n_layer = max(facts.block_count, 1)
-    offloaded = n_layer if settings.n_gpu_layers is None else max(0, min(settings.n_gpu_layers, n_layer))
+    offloaded = min(offloaded_slots(settings.n_gpu_layers, n_layer), n_layer)
     device_share = offloaded / n_layer if kv_on_device else 0.0
     split = kv_splits(target, policy)
+    device = target.device or ""
     if kv_on_device and target.max_tensor is not None and offloaded:
-        out.extend(_tensor_limits(kv, target.max_tensor, n_ctx))
+        out.extend(_tensor_limits(kv, target.max_tensor, n_ctx, device))
     if kv_on_device and target.max_alloc is not None and offloaded:
         margin = policy.per_backend(policy.max_alloc_margin, target.backend)
         if target.max_alloc.detail.startswith("GGML_VK_FORCE"):
             margin = 0  # ggml compares a buffer with the forced size to the byte (ggml_vk_create_buffer)
         limit = target.max_alloc.value - margin
-        limit_name = f"device max allocation {human(target.max_alloc.value)} ({target.max_alloc.source})"
-        per_alloc = f"the GPU's {human(target.max_alloc.value)} limit per allocation ({target.max_alloc.source}"
-        per_alloc += f", less a {human(margin)} margin)" if margin else ")"
-        if margin:
-            limit_name += f" less {human(margin)} margin"
         for cache in kv.caches:
             sizes = buffers(cache.tensor_bytes, (target.alloc_block or target.max_alloc.value) if split else None)
             for i, size in enumerate(sizes):
-                label = f"KV {cache.kind} buffer" + (f" {i + 1}/{len(sizes)}" if len(sizes) > 1 else "")
-                subject = f"KV cache piece {i + 1} of {len(sizes)}" if len(sizes) > 1 else "KV cache"
-                if not split:
-                    label += " (one allocation)"
-                    subject += " (one allocation)"
-                if len(kv.caches) > 1:
-                    subject = f"{cache.kind} {subject}"
-                out.append(Allocation(label, int(size * device_share), limit, limit_name, subject, per_alloc, n_ctx))
+                out.append(
+                    Allocation(
+                        "kv buffer", device, int(size * device_share), limit, n_ctx, source=target.max_alloc,
+                        margin_bytes=margin, cache=cache.kind, caches=len(kv.caches), piece=i + 1,
+                        pieces=len(sizes), one_allocation=not split,
+                    )
+                )  # fmt: skip
     fraction = policy.per_backend(policy.memory_margin_fraction, target.backend) * target.margin_scale
     remote = {r.name: r for r in target.remote}
     for place, items in places.items():
         memory = memory_of(target, place)
         if memory is None:
             continue
-        usable = int(memory.value * (1 - fraction))
-        total = human(memory.value)
-        what = ", ".join(k.replace("_", " ") for k in items)
-        label = remote[place].label if place in remote else place
-        plain = place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN
         out.append(
             Allocation(
-                "device total (weights, KV, compute estimate)" if plain else f"{label} total ({what})",
-                sum(items.values()),
-                usable,
-                f"device memory {total} ({_origin(memory)}){_margin_words(fraction)}",
-                f"{label} ({what.replace('kv', 'KV')})",
-                f"its {human(usable)} usable ({total} {_origin(memory)}{_margin_words(fraction)})",
-                n_ctx,
+                "device total", place, sum(items.values()), int(memory.value * (1 - fraction)), n_ctx,
+                source=memory, margin_fraction=fraction, counted=tuple(items),
+                endpoint=remote[place].endpoint if place in remote else "",
+                sole=place == (target.device or place) and len(places) <= 2 and set(items) <= _PLAIN,
             )
-        )
+        )  # fmt: skip
     host = places.get("host", {})
     draft = layout.draft.facts if layout.draft else None
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", *_GROWS_IN_USE))
@@ -312,9 +316,8 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             # a retry's search under this exact limit starts at the top of the margin band (margin_scale -1)
             kept = int(policy.address_space_margin * target.margin_scale)
             usable = budget - kept
-            what = "host address space (process, mapped model file, KV, compute estimate)"
-            margin = f"less {human(kept)}" if kept >= 0 else f"plus {human(-kept)}"
-            subject = "the address space (process, mapped model file, KV, compute)"
+            margin_bytes, margin_fraction = kept, 0.0
+            parts: tuple[str, ...] = ("process", "mapped model file", "kv", "compute")
         else:
             # what the process keeps resident beside its buffers: a fixed part, the tokenizer's tables, the
             # server's per-cell bookkeeping
@@ -332,34 +335,23 @@ def allocations(facts: ModelFacts, settings: Settings, target: Target, policy: P
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)
             usable = int(budget * (1 - fraction))
-            what = f"host {'cgroup charge' if limit.kind == 'cgroup' else 'total'} (process, "
-            what += ("weights, " if weights else "") + "KV, compute estimate"
-            what += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
-            margin = _margin_words(fraction).strip()
-            subject = f"the host's {'cgroup charge' if limit.kind == 'cgroup' else 'memory'} (process, "
-            subject += ("weights, " if weights else "") + "KV, compute"
-            subject += (", prompt cache and checkpoints" if in_use and limit.kind == "cgroup" else "") + ")"
+            margin_bytes, margin_fraction = 0, fraction
+            parts = ("process",) + (("weights",) if weights else ()) + ("kv", "compute")
+            parts += ("prompt_cache", "checkpoints") if in_use and limit.kind == "cgroup" else ()
         out.append(
             Allocation(
-                what,
-                overhead + weights + host_other,
-                usable,
-                f"host budget {human(budget)} ({_origin(limit.budget)}) {margin}",
-                subject,
-                f"its {human(usable)} usable ({human(budget)} {_origin(limit.budget)}{', ' * bool(margin)}{margin})",
-                n_ctx,
-                limit.kind,
+                "host total", "host", overhead + weights + host_other, usable, n_ctx, limit.kind, limit.budget,
+                margin_fraction=margin_fraction, margin_bytes=margin_bytes, counted=parts,
             )
-        )
+        )  # fmt: skip
     return tuple(out)
 
 
-def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[Allocation]:
+def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int, device: str) -> list[Allocation]:
     """Each cache's largest K and V tensor (one layer's, every stream) against the largest tensor the device's
     operations take: above it llama.cpp aborts ("pre-allocated tensor (cache_k_l0) in a buffer (Vulkan0) that
     cannot run the operation"). ggml compares the tensor's bytes to the limit exactly: no margin."""
     out = []
-    words = f"the device's {human(max_tensor.value)} limit per tensor ({_origin(max_tensor)})"
     for cache in kv.caches:
         if cache.kind == "recurrent":
             continue
@@ -372,11 +364,12 @@ def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int) -> list[All
         for part, sizes in parts:
             if not sizes:
                 continue
-            largest = max(sizes)
-            label = f"KV {cache.kind} {part} tensor of one layer"
-            subject = f"one layer's {part} cache" + (f" ({cache.kind})" if len(kv.caches) > 1 else "")
-            name = f"largest device tensor {human(max_tensor.value)} ({max_tensor.source})"
-            out.append(Allocation(label, largest, max_tensor.value, name, subject, words, n_ctx))
+            out.append(
+                Allocation(
+                    "kv tensor", device, max(sizes), max_tensor.value, n_ctx, source=max_tensor, cache=cache.kind,
+                    caches=len(kv.caches), part=part,
+                )
+            )  # fmt: skip
     return out
 
 

@@ -100,9 +100,9 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, keep_in: Path | None) -> dict[str, Any]:
     try:
-        return state.load_toml(path)
+        return state.load_toml(path, keep_in)
     except (OSError, ValueError) as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
 
@@ -116,13 +116,14 @@ def _share(value: Any) -> float:
     return float(value)
 
 
-def load_policy(path: Path, user_config: Path | None = None) -> Policy:
+def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | None = None) -> Policy:
     """The packaged planner settings with the user's [planner] table over them. A bad value is reported
-    against the file and key that hold it: the user's config.toml when they set it, else the packaged file."""
-    raw: dict[str, Any] = _read_toml(path)
+    against the file and key that hold it: the user's config.toml when they set it, else the packaged file.
+    keep_in: the cache folder that keeps the files' parsed form (state.load_toml)."""
+    raw: dict[str, Any] = _read_toml(path, keep_in)
     user: Mapping[str, Any] = {}
     if user_config is not None and user_config.is_file():
-        user = _read_toml(user_config).get("planner", {})
+        user = _read_toml(user_config, keep_in).get("planner", {})
         if not isinstance(user, Mapping):
             raise SafeLlamaError(f"safe-llama: {user_config}: [planner] must be a table", ExitStatus.BAD_CONFIG)
         unknown = sorted(set(user) - set(raw))

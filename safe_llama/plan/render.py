@@ -10,6 +10,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, mib_line
+from safe_llama.plan import words
 from safe_llama.plan.planner import Plan
 from safe_llama.plan.target import Target
 from safe_llama.units import human
@@ -121,7 +122,7 @@ def decision_result(
         "notes": list(decided.notes),
     }
     out["allocations"] = [
-        {"name": a.name, "bytes": a.bytes, "limit": a.limit, "limit_name": a.limit_name, "fits": a.fits}
+        {"name": words.label(a), "bytes": a.bytes, "limit": a.limit, "limit_name": words.limit_label(a), "fits": a.fits}
         for a in decided.allocations
     ]
     out["ctx_by_type"] = dict(decided.ctx_by_type)

@@ -2,8 +2,8 @@
 first), which layer lands where for a -ts (its own float arithmetic), and a split in whole layers that leaves
 every device the same share of its memory free.
 
-Also where each tensor's weights land (the -ot/-cmoe rules, the output layer, tied embeddings), kept for the
-last few models since the ladder's context search changes only the KV.
+Also where each tensor's weights land (the -ot/-cmoe rules, the output layer, tied embeddings); a WeightsCache,
+made per plan by its caller, keeps that for the ladder's context search, which changes only the KV.
 
 Owns that placement arithmetic; must not size compute buffers nor check limits (plan.memory does)."""
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan
+from safe_llama.plan.tally import Tally, add, offloaded_slots
 from safe_llama.plan.target import Target
 
 
@@ -57,12 +58,7 @@ def experts_on_devices(facts: ModelFacts, overrides: Sequence[Override], places:
     return False
 
 
-# the last weights placement per model: the ladder's context search changes the KV only (the planner's own
-# values: a facts object kept alive here is compared by identity, never by id alone)
-_WEIGHTS: dict[int, tuple[ModelFacts, tuple[object, ...], dict[str, dict[str, int]]]] = {}
-
-
-def _weights(
+def placed_weights(
     facts: ModelFacts,
     overrides: Sequence[Override],
     devices: Sequence[str],
@@ -70,16 +66,11 @@ def _weights(
     offloaded: int,
     repack_types: frozenset[str],
     max_tensor: int | None = None,
-) -> dict[str, dict[str, int]]:
-    """Weights per place (and the host's repacked copies): the part of _model_memory that no KV changes.
+) -> Tally:
+    """Weights per place (and the host's repacked copies): the part of plan.memory's tally that no KV changes.
     max_tensor: the largest tensor a device's operations take (Vulkan's storage range): a larger weight stays
     on the host, as llama.cpp's weight_buft_supported finds."""
-    out: dict[str, dict[str, int]] = {}
-
-    def add(place: str, item: str, size: int) -> None:
-        if size:
-            out.setdefault(place, {}).setdefault(item, 0)
-            out[place][item] += size
+    out: Tally = {}
 
     n_layer = max(facts.block_count, 1)
     tensors = facts.tensors or tuple(
@@ -102,9 +93,9 @@ def _weights(
             place = "host" if rule.to_host else rule.buffer_type
         if place != "host" and max_tensor is not None and size > max_tensor:
             place = "host"
-        add(place, "weights", size)
+        add(out, place, "weights", size)
         if place == "host" and types.get(name) in repack_types and not name.startswith("token_embd"):
-            add(place, "repacked", size)
+            add(out, place, "repacked", size)
     names = {name for name, _ in tensors}
     if devices and places[n_layer] != "host" and "token_embd.weight" in names and "output.weight" not in names:
         # tied embeddings: llama.cpp loads token_embd a second time as the output layer, on that layer's
@@ -114,29 +105,35 @@ def _weights(
         # is counted once, where it lives
         embd = dict(tensors)["token_embd.weight"]
         if max_tensor is None or embd <= max_tensor:
-            add(places[n_layer], "weights", embd)
+            add(out, places[n_layer], "weights", embd)
     return out
 
 
-def placed_weights(
-    facts: ModelFacts,
-    overrides: Sequence[Override],
-    devices: Sequence[str],
-    places: Sequence[str],
-    offloaded: int,
-    repack_types: frozenset[str],
-    max_tensor: int | None = None,
-) -> dict[str, dict[str, int]]:
-    """_weights, kept for the last few models: the ladder's context search changes the KV only. The caller
-    must copy what it changes."""
-    key = (tuple(overrides), tuple(devices), tuple(places), offloaded, repack_types, max_tensor)
-    cached = _WEIGHTS.get(id(facts))
-    if cached is None or cached[0] is not facts or cached[1] != key:
-        cached = (facts, key, _weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor))
-        if len(_WEIGHTS) >= 4:  # a plan's model and draft at most: never more than a few kept
-            _WEIGHTS.clear()
-        _WEIGHTS[id(facts)] = cached
-    return cached[2]
+class WeightsCache:
+    """The last weights placement per model (a plan's model and its draft), kept by whoever plans (plan() makes
+    one per plan and passes it down): the ladder's context search changes the KV only. A facts object is kept
+    alive here and compared by identity, never by id alone."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[ModelFacts, tuple[object, ...], Tally]] = {}
+
+    def placed(
+        self,
+        facts: ModelFacts,
+        overrides: Sequence[Override],
+        devices: Sequence[str],
+        places: Sequence[str],
+        offloaded: int,
+        repack_types: frozenset[str],
+        max_tensor: int | None = None,
+    ) -> Tally:
+        """placed_weights, computed once per model and placement. The caller must copy what it changes."""
+        key = (tuple(overrides), tuple(devices), tuple(places), offloaded, repack_types, max_tensor)
+        kept = self._kept.get(id(facts))
+        if kept is None or kept[0] is not facts or kept[1] != key:
+            kept = (facts, key, placed_weights(facts, overrides, devices, places, offloaded, repack_types, max_tensor))
+            self._kept[id(facts)] = kept
+        return kept[2]
 
 
 def device_names(target: Target, given: Sequence[str] = (), split_mode: str = "layer", main_gpu: int = 0) -> list[str]:
@@ -175,7 +172,7 @@ def layer_places(n_layer: int, n_gpu_layers: int, devices: Sequence[str], split:
         bounds.append(acc)
     bounds = [_f32(b / acc) for b in bounds]
     start = max(n_layer + 1 - n_gpu_layers, 0)
-    active = min(n_gpu_layers, n_layer + 1)
+    active = offloaded_slots(n_gpu_layers, n_layer)
     for il in range(start, min(start + active, n_layer + 1)):
         at = _f32(float(il - start) / active)
         places[il] = devices[min(bisect.bisect_right(bounds, at), len(devices) - 1)]

@@ -1,6 +1,7 @@
 """The target of a plan: where llama.cpp will run and the limits that apply there (device memory, the
-per-allocation cap, every host limit), made from the probed or declared device; whether this binary splits
-its KV at the device's max allocation.
+per-allocation cap, every host limit), in three parts: what the probes saw (Probed), the policy's values for
+it (TargetPolicy) and what failed starts taught (Lessons); whether this binary splits its KV at the device's
+max allocation.
 
 Owns that view of the machine for the planner; must not probe (device/ does) nor size anything (plan.memory)."""
 
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.host_budget import HostBudget, HostLimit
@@ -38,25 +40,14 @@ class RemoteDevice:
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where llama.cpp will run, and the limits that apply there."""
+class Probed:
+    """What the probes saw, or the user declared in their place: the backend and device, its memory and limits,
+    the host's limits, the RPC workers' devices, the binary's version."""
 
     backend: str  # cpu | openvino | cuda | vulkan | sycl | opencl | metal | hip
     host_budget: Sourced[int]  # bytes the process may use on the host (RAM, cgroup, rlimit: the smallest)
     address_space_budget: bool = False  # the budget is RLIMIT_AS: reserved-but-untouched memory counts too
     malloc_arena_max_set: bool = False  # the user's environment already sets MALLOC_ARENA_MAX
-    kv_cap: int | None = None  # a failed start: the next plan's KV must stay at or under this
-    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
-    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
-    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
-    margin_scale: float = 1.0
-    # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
-    # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
-    kv_f16_copies: bool = False
-    # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
-    # mapped file) for the layers it runs (policy: cpu_repack_types)
-    cpu_repack_types: frozenset[str] = frozenset()
-    compute_costs: ComputeCosts | None = None  # [compute] of the policy in use (None: the packaged file's)
     on_gpu: bool = False  # KV and offloaded layers go to a device's memory
     integrated: bool = False  # the device's memory is the host's RAM
     device: str | None = None  # llama.cpp's name for it (OPENVINO0, CUDA0, ...)
@@ -74,14 +65,58 @@ class Target:
     host_limits: tuple[HostLimit, ...] = ()
     # devices on RPC workers: llama.cpp puts them before the local GPUs and splits layers over all of them
     remote: tuple[RemoteDevice, ...] = ()
-    worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
-    pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
     # the local GPU's free memory now (NVML, amdgpu's counters, llama.cpp's listing): what another program holds
     # is not ours to plan with
     device_free: Sourced[int] | None = None
     device_free_listed: bool = False  # device_free is llama.cpp's listing (read after it made its context)
+
+
+@dataclass(frozen=True)
+class TargetPolicy:
+    """The policy's values for this target (configs/planner.toml, see target_policy): copies, so that the
+    allocation model reads one value."""
+
+    # the backend's flash attention reads no quantized K/V: its graph holds f16 copies of one layer's K and V
+    # for the whole context (policy: [compute] kv_f16_copies in configs/planner.toml)
+    kv_f16_copies: bool = False
+    # weight types the host CPU's backend copies into its own repacked buffers (anonymous memory beside the
+    # mapped file) for the layers it runs (policy: cpu_repack_types)
+    cpu_repack_types: frozenset[str] = frozenset()
+    compute_costs: ComputeCosts | None = None  # [compute] of the policy in use (None: the packaged file's)
+    worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
+    pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
     device_runtime: int = 0  # policy: what the backend's runtime takes on the device at start (its context)
-    device_cap: int | None = None  # a failed start: the device held less than this (learned)
+
+
+@dataclass(frozen=True)
+class Lessons:
+    """What failed starts taught (run.retry): the next plan stays under these."""
+
+    kv_cap: int | None = None  # the next plan's KV must stay at or under this
+    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
+    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
+    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
+    margin_scale: float = 1.0
+    device_cap: int | None = None  # the local GPU held less than this
+
+
+@dataclass(frozen=True)
+class Target(Lessons, TargetPolicy, Probed):
+    """Where llama.cpp will run, and the limits that apply there: the probed facts, the policy's values for
+    them and the lessons, as one value the allocation model reads (Target.of puts the three together; the
+    fields stay flat, so a test or tool may also name them one by one)."""
+
+    @classmethod
+    def of(cls, probed: Probed, policy: TargetPolicy, lessons: Lessons) -> Target:
+        return cls(**_values(probed, Probed), **_values(policy, TargetPolicy), **_values(lessons, Lessons))
+
+    @property
+    def probed(self) -> Probed:
+        return Probed(**_values(self, Probed))
+
+    @property
+    def lessons(self) -> Lessons:
+        return Lessons(**_values(self, Lessons))
 
     @property
     def device_budget(self) -> Sourced[int] | None:
@@ -108,6 +143,27 @@ class Target:
         return (HostLimit("address space" if self.address_space_budget else "ram", self.host_budget),)
 
 
+def _values(value: Probed | TargetPolicy | Lessons, part: type) -> dict[str, Any]:
+    """The fields of `part` (one of the three) as they are in `value` (not copied: dataclasses.asdict would
+    turn the Sourced values into dicts)."""
+    return {f.name: getattr(value, f.name) for f in fields(part)}
+
+
+def target_policy(policy: Policy, probed: Probed) -> TargetPolicy:
+    """The policy's values for this target."""
+    runtime = int(policy.per_backend(policy.device_runtime, probed.backend) or 0)
+    if probed.device_free_listed:  # a listing's free figure already lacks the runtime's context
+        runtime -= int(policy.per_backend(policy.device_context, probed.backend) or 0)
+    return TargetPolicy(
+        kv_f16_copies=probed.on_gpu and probed.backend in policy.kv_f16_copy_backends,
+        cpu_repack_types=policy.cpu_repack_types,
+        compute_costs=policy.compute,
+        worker_overhead=policy.rpc_worker_overhead,
+        pipeline_copies=policy.pipeline_copies,
+        device_runtime=max(runtime, 0),
+    )
+
+
 def atoi(text: str) -> int:
     """C's atoi (how ggml-openvino reads its switches): leading whitespace, sign, digits; 0 otherwise."""
     found = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
@@ -123,7 +179,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def kv_splits(target: Target, policy: Policy) -> bool:
+def kv_splits(target: Probed, policy: Policy) -> bool:
     """Whether this binary packs the KV into buffers of at most the device's max allocation."""
     if target.kv_split is not None:
         return target.kv_split

@@ -12,14 +12,17 @@ from dataclasses import replace
 
 from safe_llama.cmdline.request import EXPERT_REGEX
 from safe_llama.model.facts import ModelFacts
-from safe_llama.plan.memory import Settings, allocations
+from safe_llama.plan.memory import LlamaSettings, allocations
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.split import Override
+from safe_llama.plan.split import Override, WeightsCache
+from safe_llama.plan.tally import offloaded_slots
 from safe_llama.plan.target import Target
 
 
-def _fits(facts: ModelFacts, settings: Settings, target: Target, policy: Policy) -> bool:
-    return all(a.fits for a in allocations(facts, settings, target, policy))
+def _fits(
+    facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy, cache: WeightsCache | None = None
+) -> bool:
+    return all(a.fits for a in allocations(facts, settings, target, policy, cache))
 
 
 def layers_words(ngl: int, n_layer: int) -> str:
@@ -41,7 +44,7 @@ def _expert_layers(facts: ModelFacts) -> int:
     return max(found) + 1 if found else 0
 
 
-def _with_ncmoe(settings: Settings, user: tuple[Override, ...], n: int) -> Settings:
+def _with_ncmoe(settings: LlamaSettings, user: tuple[Override, ...], n: int) -> LlamaSettings:
     # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
     rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
     return replace(settings, layout=replace(settings.layout, overrides=rules))
@@ -61,8 +64,12 @@ def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 
 
 def weights_off(
-    facts: ModelFacts, settings: Settings, target: Target, policy: Policy
-) -> tuple[Settings, dict[str, str], str]:
+    facts: ModelFacts,
+    settings: LlamaSettings,
+    target: Target,
+    policy: Policy,
+    weights_cache: WeightsCache | None = None,
+) -> tuple[LlamaSettings, dict[str, str], str]:
     """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
     that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
     n_layer = max(facts.block_count, 1)
@@ -71,16 +78,18 @@ def weights_off(
     moved: list[str] = []
     experts = _expert_layers(facts)
     if experts:
-        n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy))
+        n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy, weights_cache))
         n = experts if n is None else n
         if n:
             settings = _with_ncmoe(settings, user, n)
             changes["--n-cpu-moe"] = str(n)
             moved.append(f"-ncmoe {n}: the experts of {n} of {experts} layers in host memory")
-    if not _fits(facts, settings, target, policy):
-        current = n_layer + 1 if settings.n_gpu_layers is None else min(settings.n_gpu_layers, n_layer + 1)
+    if not _fits(facts, settings, target, policy, weights_cache):
+        current = offloaded_slots(settings.n_gpu_layers, n_layer)
         fewest_off = _smallest(
-            0, current, lambda off: _fits(facts, replace(settings, n_gpu_layers=current - off), target, policy)
+            0,
+            current,
+            lambda off: _fits(facts, replace(settings, n_gpu_layers=current - off), target, policy, weights_cache),
         )
         ngl = 0 if fewest_off is None else current - fewest_off
         settings = replace(settings, n_gpu_layers=ngl)

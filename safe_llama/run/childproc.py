@@ -3,50 +3,49 @@ back through a close-on-exec pipe (as subprocess does, without subprocess's 20 m
 
 Owns the one implementation of the child's set-up between fork and exec (death signal, own process group
 or session, terminal foreground, default SIGPIPE/SIGXFSZ, an empty signal mask, no inherited descriptors
-but 0-2) and the signals the supervisor watches. Must stay light (os, _signal, ctypes): the early start
+but 0-2) and the signals the supervisor watches. Must stay light (os, signal, ctypes): the early start
 (early.py) runs it before anything else is imported. Must not watch the child: supervise.py does.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+
+from safe_llama.constants import GUARD_ENV
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
-    import signal as _signal  # the same functions, with stubs (_signal has none)
     from collections.abc import Mapping, Sequence
-else:
-    import _signal  # signal without enum: the early start's import
 
 PR_SET_PDEATHSIG = 1
-FORWARDED = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # the notify socket and watchdog are the wrapper's, not llama.cpp's (sdnotify.child_env)
 WRAPPER_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"  # device.proc.GUARD_ENV: marks a child started by safe-llama
 _TIOCSCTTY = 0x540E  # termios.TIOCSCTTY on Linux, without importing termios on the pipe path
 
 
 def forwardable() -> tuple[int, ...]:
     # A signal the wrapper was started with ignored (nohup's SIGHUP) stays ignored: the child inherits
     # that, and there is nothing to forward.
-    return tuple(s for s in FORWARDED if _signal.getsignal(s) != _signal.SIG_IGN)
+    return tuple(s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN)
 
 
 def watched_signals(pty_mode: bool) -> list[int]:
     """What the supervisor reads from its signalfd: the forwarded ones and job control (and SIGWINCH for a pty)."""
-    watched = [*forwardable(), _signal.SIGCHLD, _signal.SIGCONT, _signal.SIGTSTP]
-    return [*watched, _signal.SIGWINCH] if pty_mode else watched
+    watched = [*forwardable(), signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP]
+    return [*watched, signal.SIGWINCH] if pty_mode else watched
 
 
 def block_watched(pty_mode: bool) -> tuple[list[int], set[int]]:
     """Block the watched signals (and SIGTTOU: tcsetpgrp() and terminal writes from the background are
     allowed then); the watched list and the mask as it was."""
     watched = watched_signals(pty_mode)
-    return watched, _signal.pthread_sigmask(_signal.SIG_BLOCK, [*watched, _signal.SIGTTOU])
+    return watched, signal.pthread_sigmask(signal.SIG_BLOCK, [*watched, signal.SIGTTOU])
 
 
 def restore_mask(mask: set[int]) -> None:
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def supervised_env(env: Mapping[str, str], extra: Mapping[str, str], parent: int) -> dict[str, str]:
@@ -213,9 +212,9 @@ def _child(
     controlling_tty: bool,
     foreground_fd: int | None,
 ) -> None:  # pragma: no cover -- runs between fork and exec
-    prctl(PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # type: ignore[operator]
     if os.getppid() != parent:  # the wrapper died before prctl took effect
-        os.kill(os.getpid(), _signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
     if controlling_tty:
         os.setsid()
     # sources below 3 moved out of the way first, so one target's dup2 never overwrites another's source
@@ -241,6 +240,6 @@ def _child(
     os.closerange(3, err_write)
     os.closerange(err_write + 1, max_fd)
     # as subprocess's restore_signals: Python starts with SIGPIPE and SIGXFSZ ignored
-    for signo in (_signal.SIGPIPE, _signal.SIGXFSZ):
-        _signal.signal(signo, _signal.SIG_DFL)
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd
+    for signo in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signo, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the wrapper blocks signals it reads from signalfd

@@ -10,25 +10,28 @@ the plan needs (fast_record.py says why that rule is sound). The child then gets
 environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
-sys, marshal, _blake2, _signal and childproc only: no enum, signal, subprocess, dataclasses, typing,
-pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both stdin and stdout
-takes the normal path (the pty).
+sys, marshal, hashlib and constants; childproc, with signal, only once a record is found: no subprocess,
+dataclasses, typing, pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both
+stdin and stdout takes the normal path (the pty).
 """
 
 from __future__ import annotations
 
+import hashlib
 import marshal
 import os
 import sys
 
 from safe_llama import __version__
+from safe_llama.constants import GUARD_ENV, cache_root, mask_values
 from safe_llama.device.oom_counters import parse_meminfo, read_counters
-from safe_llama.run import childproc
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:  # collections.abc costs an import on the early path
     from collections.abc import Collection, Mapping, Sequence
     from typing import Any
+
+    from safe_llama.run import childproc
 
 FORMAT = 1
 FOLDER = "launch"  # under the cache directory
@@ -39,18 +42,8 @@ VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_b
 CONTENT_LIMIT = 1 << 16
 
 
-def cache_root(env: Mapping[str, str]) -> str:
-    """paths.cache_dir as a string, without pathlib (tests hold the two equal)."""
-    value = env.get("XDG_CACHE_HOME", "")
-    if not (value and os.path.isabs(value)):
-        value = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(value, "safe-llama")
-
-
 def _blake(data: bytes, salt: bytes = b"") -> str:
-    from _blake2 import blake2b
-
-    return blake2b(data, digest_size=20, key=salt).hexdigest()
+    return hashlib.blake2b(data, digest_size=20, key=salt).hexdigest()
 
 
 def key(door: str, args: Sequence[str], cwd: str, hidden: Collection[str] = ()) -> str:
@@ -61,17 +54,8 @@ def key(door: str, args: Sequence[str], cwd: str, hidden: Collection[str] = ()) 
 
 
 def masked(args: Sequence[str], hidden: Collection[str]) -> list[str]:
-    """args with the value of every option in hidden replaced, as llama_args.redact_argv finds them (a test
-    holds the two to the same words)."""
-    out = list(args)
-    for i, word in enumerate(out):
-        spelled = word.replace("_", "-") if word.startswith("--") else word
-        name, eq, _ = spelled.partition("=")
-        if name in hidden and eq:
-            out[i] = f"{word.partition('=')[0]}=\0"
-        elif spelled in hidden and i + 1 < len(out):
-            out[i + 1] = "\0"
-    return out
+    """args with the value of every option in hidden replaced by a NUL (which no word holds)."""
+    return mask_values(args, hidden, "\0")
 
 
 def secret_options_path(env: Mapping[str, str]) -> str:
@@ -246,11 +230,11 @@ class Early:
         return str(self.record["status"])
 
 
-def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -> Early | None:
+def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | None:
     """Start attempt 1 from a valid launch record; None when there is none (the normal path then runs).
     Not when started by safe-llama (the recursion guard refuses that on the normal path), nor on a terminal
     (pty mode)."""
-    if childproc.GUARD_ENV in env or (os.isatty(0) and os.isatty(1)):
+    if GUARD_ENV in env or (os.isatty(0) and os.isatty(1)):
         return None
     root = cache_root(env)
     if not cache_usable(root):
@@ -275,6 +259,8 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str] = os.environ) -
         sources = list(record["counters"])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
+    from safe_llama.run import childproc
+
     child_env = childproc.supervised_env(env, extra, os.getpid())
     _, mask_before = childproc.block_watched(False)
     counters = read_counters(sources)

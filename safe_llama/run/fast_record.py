@@ -3,7 +3,8 @@ and the record stored once that launch is ready.
 
 While a launch resolves its options, finds the binary and plans (the window, up to attempt 1's spawn), an
 audit hook notes every file opened and directory listed, the environment is a mapping that notes every
-variable read (and every prefix scanned), and stderr notes any line that is not one of the plan's reasons.
+variable read and prefix scanned (planning takes the environment only as an argument: every read is seen),
+and stderr notes any line that is not one of the plan's reasons.
 The record then holds the identity of all of it (early.py), plus the files only stat()ed on the way
 (the binary, the config file, PATH's folders, the bundled model's places, every argument naming a file)
 and safe-llama's own files. No record when the window saw something it cannot hold: the whole
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from safe_llama import state
+from safe_llama.constants import TOOLS, cache_root
 from safe_llama.run import early
 
 if TYPE_CHECKING:
@@ -179,12 +181,13 @@ def _pseudo(path: str) -> bool:
     return path.startswith(_PSEUDO_ROOTS)
 
 
-def _own_files() -> list[str]:
-    """safe-llama's own files and folders (the package, the packaged configs): a change is a new planner."""
-    from safe_llama.paths import configs_dir
+def _own_files(env: Mapping[str, str]) -> list[str]:
+    """safe-llama's own files and folders (the package, its configs and those in use): a change is a new planner."""
+    from safe_llama.paths import configs_dir, packaged_configs
 
     out: list[str] = []
-    for top in (str(Path(__file__).resolve().parent.parent), str(configs_dir())):
+    tops = dict.fromkeys([str(Path(__file__).resolve().parent.parent), str(packaged_configs()), str(configs_dir(env))])
+    for top in tops:
         for folder, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             out.append(folder)
@@ -214,7 +217,7 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
     contents: dict[str, Any] = {}
     # a file that changed between the plan and now (but the remembered plan, stored at readiness just before)
     # may not have been read as the record would say
-    remembered = str(Path(early.cache_root(recorder.raw)) / "plans")
+    remembered = os.path.join(cache_root(recorder.raw), "plans")
     for path, ident in recorder.at_close.items():
         if early.identity(path) != ident and not path.startswith(remembered + os.sep):
             raise _Unstable(path)
@@ -227,7 +230,7 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
             contents[path] = early.content(path, salt)
         else:
             files[path] = early.identity(path)
-    for path in [*stat_only, *_own_files()]:
+    for path in [*stat_only, *_own_files(recorder.raw)]:
         files.setdefault(path, early.identity(path))
     return sorted(files.items()), sorted(contents.items())
 
@@ -277,7 +280,7 @@ def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str
     """The least RAM budget under which planning gives this same plan, when an unlimited one does too (the
     plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
     its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
-    from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.paths import cache_dir, config_dir, configs_dir
     from safe_llama.pipeline.prepare import replan
     from safe_llama.plan.memory import allocations
     from safe_llama.plan.policy import load_policy
@@ -287,7 +290,7 @@ def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str
         return None
     if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, env), prepared):
         return None
-    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     settings = prepared.plan.settings
 
     def fits(budget: int) -> bool:
@@ -384,7 +387,6 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
 
 def secret_options() -> frozenset[str]:
     """Every spelling of a secret option, for any tool (the record's name masks their values: early.key)."""
-    from safe_llama.cmdline.launch_args import TOOLS
     from safe_llama.cmdline.llama_args import secrets
 
     return frozenset().union(*(secrets(tool).options for tool in TOOLS))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from safe_llama.constants import GUARD_ENV, TOOL_BINARY, cache_root, config_root, packaged_configs
 from safe_llama.device.self_check import is_self, own_paths
 from safe_llama.run import early
 
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"  # proc.GUARD_ENV, not imported: proc pulls in subprocess
-TOOL_BINARY = {"cli": "llama-cli", "server": "llama-server", "completion": "llama-completion"}  # binaries.py's
 TABLE_FORMAT = 1
 
 
@@ -75,18 +74,13 @@ def quick_no_model(table: Mapping[str, Any], args: Sequence[str], env: Mapping[s
 
 def _table_path(tool: str, env: Mapping[str, str]) -> str | None:
     """Where the compact table is kept: named by the option table's and llama_args.py's identities."""
-    from safe_llama import __file__ as package_file
-
-    package = os.path.dirname(package_file)
-    configs = env.get("SAFE_LLAMA_CONFIGS") or os.path.join(package, "configs")
-    if not env.get("SAFE_LLAMA_CONFIGS") and not os.path.isdir(configs):
-        configs = os.path.join(os.path.dirname(package), "configs")
-    sources = [os.path.join(configs, "llama-args.json"), os.path.join(package, "cmdline", "llama_args.py")]
+    cmdline = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cmdline")
+    sources = [os.path.join(packaged_configs(), "llama-args.json"), os.path.join(cmdline, "llama_args.py")]
     identities = [early.identity(path) for path in sources]
     if None in identities:
         return None
     key = early.key(f"no-model-table {TABLE_FORMAT} {tool}", [repr(identities)], "")
-    return os.path.join(early.cache_root(env), "args", f"{key}.marshal")
+    return os.path.join(cache_root(env), "args", f"{key}.marshal")
 
 
 def _no_model(tool: str, args: Sequence[str], env: Mapping[str, str]) -> bool:
@@ -117,10 +111,7 @@ def _quick_binary(tool: str, env: Mapping[str, str], given: Mapping[str, str]) -
     file, which could name another) and that place holds an executable that is not safe-llama; None
     otherwise (find_binary then looks, and says why it found nothing)."""
     explicit = given.get("bin_dir") or env.get("SAFE_LLAMA_BIN_DIR") or ""
-    config_home = env.get("XDG_CONFIG_HOME", "")  # paths.config_dir's rule, without pathlib
-    if not (config_home and os.path.isabs(config_home)):
-        config_home = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
-    if not explicit or os.path.lexists(os.path.join(config_home, "safe-llama", "config.toml")):
+    if not explicit or os.path.lexists(os.path.join(config_root(env), "config.toml")):
         return None
     path = os.path.join(explicit, TOOL_BINARY[tool]) if os.path.isdir(explicit) else explicit
     if not os.path.exists(path) or is_self(path, own_paths()) or os.path.isdir(path) or not os.access(path, os.X_OK):

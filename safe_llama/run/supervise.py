@@ -37,10 +37,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.device.probe_host import oom_counters, oom_evidence
 from safe_llama.diagnosis.signatures import Failure, Match, Scanner, SignatureTable, classify
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.run.childproc import GUARD_ENV, Started, block_watched, forwardable, terminal_foreground
+from safe_llama.run.childproc import Started, block_watched, forwardable, terminal_foreground
 from safe_llama.run.readiness import ProbeThread, ReadinessProbe
 from safe_llama.run.relay import DRAIN_IDLE, HIGH_WATER, READ_SIZE, Relay, Stream
 from safe_llama.run.signals import (

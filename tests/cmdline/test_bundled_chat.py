@@ -14,11 +14,11 @@ import pytest
 
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults, parse_chat_defaults
 from safe_llama.errors import SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from tests.conftest import console_script
 from tests.llama_run import free_port, healthy
 
-DEFAULTS = load_chat_defaults(configs_dir() / "bundled-model.toml")
+DEFAULTS = load_chat_defaults(packaged_configs() / "bundled-model.toml")
 ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
 
 

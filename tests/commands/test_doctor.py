@@ -43,11 +43,11 @@ from safe_llama.device.limits import Sourced
 from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, RenderNode, SysfsReport
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
 
 GIB = 1 << 30
-POLICY = load_policy(configs_dir() / "planner.toml")
+POLICY = load_policy(packaged_configs() / "planner.toml")
 BIN = "/opt/llama/bin"
 DIR_MODE = stat.S_IFDIR | 0o700
 

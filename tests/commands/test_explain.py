@@ -24,16 +24,16 @@ from safe_llama.diagnosis.remedies import Remedy
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.diagnosis.words import load_words
 from safe_llama.errors import SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
 from tests import FIXTURES
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 LOGS = FIXTURES / "logs"
 TABLE = load_table()
-OWN = load_own_table(configs_dir() / "own-lines.toml")
-WORDS = load_words(configs_dir() / "explain.toml")
-POLICY = load_policy(configs_dir() / "planner.toml")
+OWN = load_own_table(packaged_configs() / "own-lines.toml")
+WORDS = load_words(packaged_configs() / "explain.toml")
+POLICY = load_policy(packaged_configs() / "planner.toml")
 SEED_MODEL = "/home/lucasso/models/Llama-3.2-3B-Instruct-Q4_K_M.gguf"
 
 # The error text of the seed report (seed/000_af8630c3d7ac02a3.txt, "报错原文"), as a user would paste it:
@@ -278,9 +278,9 @@ def test_the_command_line_end_to_end(clean_env: dict[str, str]) -> None:
 
 
 def test_the_command_line_exit_code_when_nothing_failed(clean_env: dict[str, str]) -> None:
-    from safe_llama.entry import main
+    from safe_llama.entry import run
 
-    assert main(["explain", str(LOGS / "completion-ready.log")]) == 1
+    assert run(["explain", str(LOGS / "completion-ready.log")]) == 1
 
 
 def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(

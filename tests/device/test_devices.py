@@ -17,7 +17,7 @@ from safe_llama.device.devices import load_profile, load_profiles, probe_devices
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
-from safe_llama.entry import main
+from safe_llama.entry import run
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
@@ -42,7 +42,7 @@ def roots(tmp_path: Path) -> ProbeRoots:
 
 
 def test_packaged_profiles() -> None:
-    uhd = load_profile("intel-uhd-770")
+    uhd = load_profile("intel-uhd-770", {})
     assert (uhd.max_alloc_bytes, uhd.integrated, uhd.backend, uhd.vendor_id) == (
         UHD770_MAX_ALLOC,
         True,
@@ -50,10 +50,10 @@ def test_packaged_profiles() -> None:
         0x8086,
     )
     assert uhd.memory_bytes is None  # an iGPU's memory is the host's
-    h200 = load_profile("nvidia-h200")
+    h200 = load_profile("nvidia-h200", {})
     assert (h200.memory_bytes, h200.max_alloc_bytes, h200.backend) == (150109880320, None, "cuda")
     assert 150109880320 // MIB == 143155  # what --list-devices printed on that machine
-    assert {p.key for p in load_profiles()} >= {"intel-uhd-770", "nvidia-h200"}
+    assert {p.key for p in load_profiles({})} >= {"intel-uhd-770", "nvidia-h200"}
 
 
 def test_unknown_profile_lists_the_known_ones(env: dict[str, str]) -> None:
@@ -175,7 +175,7 @@ def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
+    code = run(argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -15,7 +15,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.device.list_devices import LlamaDevice, parse_list_devices
 from safe_llama.device.probe_free import FreeReading, reading_from_dict
 from safe_llama.device.probe_sysfs import PciGpu
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.target import Target
 from safe_llama.units import human
 from tests import FIXTURES
@@ -143,7 +143,7 @@ def test_held80_replayed_the_budget_is_nvml_free_less_the_runtime() -> None:
     assert figure == Sourced(63_561_662_464, "probed", "free now (nvml, 0000:00:06.0)")
     # NVML's figure is read without a CUDA context; llama.cpp's listing after making its own (524 MiB there)
     assert (figure.value - device.free_bytes) // MIB == 524
-    runtime = tomllib.loads((configs_dir() / "planner.toml").read_text())["device_runtime_bytes"]["cuda"]
+    runtime = tomllib.loads((packaged_configs() / "planner.toml").read_text())["device_runtime_bytes"]["cuda"]
     budget = _h200(figure, runtime).device_budget
     assert budget is not None
     assert budget.value == 63_561_662_464 - runtime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def test_rlimit_as_in_a_real_child() -> None:
         "from safe_llama.device.probe_host import read_rlimit_as\n"
         "print(read_rlimit_as())\n"
     )
-    done = run_capture([sys.executable, "-c", code])
+    done = run_capture([sys.executable, "-c", code], env=os.environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(3 << 30)
 

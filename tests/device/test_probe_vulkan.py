@@ -3,6 +3,7 @@ what it reads against what the pinned Vulkan build of llama.cpp itself reports, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -24,7 +25,7 @@ LAVAPIPE = "llvmpipe"
 
 @pytest.fixture(scope="module")
 def report() -> VulkanReport:
-    return probe_vulkan_isolated()
+    return probe_vulkan_isolated(os.environ)
 
 
 def _lavapipe(report: VulkanReport) -> VulkanDevice:

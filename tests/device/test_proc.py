@@ -9,18 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.proc import GUARD_ENV, run_capture
+from safe_llama.constants import GUARD_ENV
+from safe_llama.device.proc import run_capture
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
 
 def test_captures_both_streams_and_the_exit_status() -> None:
-    done = run_capture([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    done = run_capture(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"], env=os.environ
+    )
     assert (done.returncode, done.stdout, done.stderr, done.timed_out) == (3, "out\n", "err\n", False)
 
 
 def test_arguments_reach_the_program_unchanged() -> None:
     nasty = "$(touch /tmp/pwned); rm -rf ~ 'quoted' \"double\"\nnew line *"
-    done = run_capture(["printf", "%s", nasty])
+    done = run_capture(["printf", "%s", nasty], env=os.environ)
     assert done.stdout == nasty
 
 
@@ -31,18 +34,20 @@ def test_environment_is_exactly_the_one_given_plus_the_guard() -> None:
 
 
 def test_invalid_utf8_is_replaced_not_fatal() -> None:
-    done = run_capture([sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'a\\xffb')"])
+    done = run_capture([sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'a\\xffb')"], env=os.environ)
     assert done.stdout == "a\ufffdb"
 
 
 def test_signal_death_is_a_negative_status() -> None:
-    done = run_capture([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"])
+    done = run_capture(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"], env=os.environ
+    )
     assert done.returncode == -6
 
 
 def test_missing_program_is_127() -> None:
     with pytest.raises(SafeLlamaError) as err:
-        run_capture(["/nonexistent/llama-server", "--list-devices"])
+        run_capture(["/nonexistent/llama-server", "--list-devices"], env=os.environ)
     assert err.value.status == ExitStatus.NOT_FOUND
     assert "/nonexistent/llama-server" in err.value.message
 
@@ -52,7 +57,7 @@ def test_not_executable_is_126(tmp_path: Path) -> None:
     script.write_text("#!/bin/sh\n")
     script.chmod(0o644)
     with pytest.raises(SafeLlamaError) as err:
-        run_capture([script])
+        run_capture([script], env=os.environ)
     assert err.value.status == ExitStatus.NOT_EXECUTABLE
 
 
@@ -66,7 +71,7 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     started = time.monotonic()
-    done = run_capture([sys.executable, "-c", code], timeout=2.0)
+    done = run_capture([sys.executable, "-c", code], env=os.environ, timeout=2.0)
     assert done.timed_out
     assert time.monotonic() - started < 10
     grandchild = int(pid_file.read_text())

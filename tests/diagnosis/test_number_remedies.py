@@ -7,10 +7,10 @@ import pytest
 from safe_llama.diagnosis import number_remedies as numbers
 from safe_llama.diagnosis.log_reading import LogFacts, failed_run
 from safe_llama.diagnosis.signatures import Failure
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
 
-POLICY = load_policy(configs_dir() / "planner.toml")
+POLICY = load_policy(packaged_configs() / "planner.toml")
 
 
 @pytest.mark.parametrize(

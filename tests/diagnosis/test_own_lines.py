@@ -9,10 +9,10 @@ import pytest
 
 from safe_llama.diagnosis.own_lines import load_own_table, own_text, parse_own_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from tests import FIXTURES
 
-OWN = load_own_table(configs_dir() / "own-lines.toml")
+OWN = load_own_table(packaged_configs() / "own-lines.toml")
 LOGS = FIXTURES / "logs"
 
 

@@ -8,11 +8,11 @@ import pytest
 from safe_llama.diagnosis.log_reading import LogFacts, failed_run, read_log
 from safe_llama.diagnosis.remedies import UNKNOWN_HOST, log_target, ready_command, stage_remedies
 from safe_llama.diagnosis.signatures import Failure, load_table
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
 
 TABLE = load_table()
-POLICY = load_policy(configs_dir() / "planner.toml")
+POLICY = load_policy(packaged_configs() / "planner.toml")
 
 
 def test_ready_command_quotes_and_redacts() -> None:

@@ -7,10 +7,10 @@ import pytest
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.diagnosis.words import fill, load_words, parse_words
 from safe_llama.errors import SafeLlamaError
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 
 TABLE = load_table()
-WORDS = load_words(configs_dir() / "explain.toml")
+WORDS = load_words(packaged_configs() / "explain.toml")
 
 
 def test_every_signature_has_plain_words() -> None:

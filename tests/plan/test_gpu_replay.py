@@ -16,9 +16,9 @@ from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate
-from safe_llama.plan.memory import Layout, Settings, memory_by_place
+from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.split import Override
@@ -54,7 +54,7 @@ def test_the_plan_for_the_recorded_h200_is_the_context_that_started(big: Path) -
     truth = {row["case"]: row["largest_that_starts"] for row in cases["run1_margin_5pct"]}
     started = {row["case"]: row for row in cases["run2_margin_2pct"]}
     facts = load_model_facts(big)
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     for case, args in (("ngl99-c2M", ["-c", "2000000", "-ngl", "99"]), ("no-c", ["-ngl", "99"])):
         req = to_request(parse("server", ["-m", str(big), *args], {})).kv
         decided = plan(facts, req, _h200(), policy, user_ngl=99)
@@ -92,12 +92,12 @@ def test_ngl0_places_the_copies_on_the_gpu(big: Path) -> None:
     compute = {device: float(mib) * MIB for device, mib in COMPUTE.findall(text)}
     argv = ["-m", str(big), "-c", cells, "-ngl", "0", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
     request = to_request(parse("server", argv, {}))
-    places = memory_by_place(load_model_facts(big), Settings(kv=request.kv, n_gpu_layers=0), _h200())
+    places = memory_by_place(load_model_facts(big), LlamaSettings(kv=request.kv, n_gpu_layers=0), _h200())
     assert "kv" not in places["CUDA0"] and f"{places['host']['kv'] / MIB:.2f}" == kv_mib
     assert compute["CUDA0"] <= places["CUDA0"]["compute"] <= compute["CUDA0"] * 1.01
     nopo = to_request(parse("server", [*argv, "--no-op-offload"], {}))
     layout = Layout(op_offload=nopo.op_offload)
-    without = memory_by_place(load_model_facts(big), Settings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
+    without = memory_by_place(load_model_facts(big), LlamaSettings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
     # by rule (not recorded): without op offload the host KV is not copied over
     copied = int(cells) * 2 * 4352
     assert places["CUDA0"]["compute"] - without["CUDA0"]["compute"] == copied
@@ -118,7 +118,7 @@ def test_cpu_moe_on_the_h200_started_first_time_within_3_percent(moe: Path) -> N
     truth = rows["moe-cpumoe-c2M"]["largest_that_starts"]
     facts = load_model_facts(moe)
     assert moe.stat().st_size == 15_042_229_088  # the recorded file's size: the same layout
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     for case, args in (("moe-cpumoe-c2M", ["-c", "2000000"]), ("moe-cpumoe-noc", [])):
         request = to_request(parse("server", ["-m", str(moe), *args, "-ngl", "99", "--cpu-moe"], {}))
         layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))
@@ -143,7 +143,7 @@ def test_cpu_moe_buffers_logged_on_the_h200_are_the_planned_ones(moe: Path) -> N
     layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))
     kv = plan_kv(facts, request.kv)
     assert f"{kv.total_bytes / MIB:.2f}" == kv_mib
-    settings = Settings(kv=request.kv, n_gpu_layers=99, layout=layout)
+    settings = LlamaSettings(kv=request.kv, n_gpu_layers=99, layout=layout)
     places = memory_by_place(facts, settings, _h200())
     # the experts stay in the mapped file on the host; the attention weights and the output go to the GPU
     assert abs(places["CUDA0"]["weights"] - model["CUDA0"]) <= 0.001 * model["CUDA0"]

@@ -15,8 +15,8 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest
-from safe_llama.paths import configs_dir
-from safe_llama.plan.memory import Layout, Settings, allocations
+from safe_llama.paths import packaged_configs
+from safe_llama.plan.memory import Layout, LlamaSettings, allocations
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Target
@@ -27,7 +27,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")
 
 
 def model(layer_bytes: int, n_layer: int = 8, file_extra: int = 16 * MIB, vocab: int = 1000) -> ModelFacts:
@@ -44,7 +44,7 @@ def model(layer_bytes: int, n_layer: int = 8, file_extra: int = 16 * MIB, vocab:
 def host_charge(facts: ModelFacts, kind: str, load_mode: str, policy: Policy) -> int:
     target = Target(backend="cpu", host_budget=Sourced(64 * GIB, "declared", "t"),
                     host_limits=(HostLimit(kind, Sourced(64 * GIB, "declared", "t")),))  # fmt: skip
-    settings = Settings(kv=KvRequest(tool="completion", n_ctx=8192), layout=Layout(load_mode=load_mode))
+    settings = LlamaSettings(kv=KvRequest(tool="completion", n_ctx=8192), layout=Layout(load_mode=load_mode))
     (host,) = [a for a in allocations(facts, settings, target, policy) if a.name.startswith("host")]
     return host.bytes
 

@@ -11,8 +11,8 @@ from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest, plan_kv
-from safe_llama.paths import configs_dir
-from safe_llama.plan.memory import Draft, Layout, Settings, memory_by_place
+from safe_llama.paths import packaged_configs
+from safe_llama.plan.memory import Draft, Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
@@ -24,7 +24,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")
 
 
 def moe_facts(n_layer: int = 4) -> ModelFacts:
@@ -54,7 +54,7 @@ def cuda(**kw: object) -> Target:
 
 def place(layout: Layout, ngl: int | None = None, target: Target | None = None) -> dict[str, dict[str, int]]:
     facts = moe_facts()
-    settings = Settings(kv=KvRequest(tool="server", n_ctx=4096, n_parallel=1), n_gpu_layers=ngl, layout=layout)
+    settings = LlamaSettings(kv=KvRequest(tool="server", n_ctx=4096, n_parallel=1), n_gpu_layers=ngl, layout=layout)
     return memory_by_place(facts, settings, target or cuda())
 
 
@@ -182,12 +182,12 @@ def test_kept_weights_follow_every_change_of_the_same_model() -> None:
     facts = moe_facts()
     kv = KvRequest(tool="server", n_ctx=4096, n_parallel=1)
     layouts = [Layout(), Layout(overrides=(Override(EXPERT_REGEX, "CPU"),)), Layout(), Layout(kv_offload=False)]
-    seen = [memory_by_place(facts, Settings(kv=kv, layout=layout), cuda()) for layout in layouts]
+    seen = [memory_by_place(facts, LlamaSettings(kv=kv, layout=layout), cuda()) for layout in layouts]
     assert seen[0] == seen[2] and seen[1]["host"]["weights"] == 5 * MIB + 4 * 30 * MIB
     assert seen[0]["CUDA0"]["weights"] == 4 * 40 * MIB + 5 * MIB
-    fewer = memory_by_place(facts, Settings(kv=kv, n_gpu_layers=2, layout=Layout()), cuda())
+    fewer = memory_by_place(facts, LlamaSettings(kv=kv, n_gpu_layers=2, layout=Layout()), cuda())
     assert fewer["CUDA0"]["weights"] == 40 * MIB + 5 * MIB
-    assert memory_by_place(facts, Settings(kv=kv, layout=Layout()), cuda()) == seen[0]
+    assert memory_by_place(facts, LlamaSettings(kv=kv, layout=Layout()), cuda()) == seen[0]
 
 
 def tied_facts(embd: int) -> ModelFacts:
@@ -210,7 +210,7 @@ def test_vulkan_tied_embedding_over_the_storage_range(embd: int, device_weights:
     """llama.cpp keeps a weight the Vulkan device's operations cannot take (above maxStorageBufferRange) on the
     host: gemma-3's 170 MiB tied token_embd on lavapipe's 128 MiB range lives in the mapping once."""
     vulkan = cuda(backend="vulkan", device="Vulkan0", max_tensor=Sourced(128 * MIB, "probed", "range"))
-    settings = Settings(kv=KvRequest(tool="server", n_ctx=4096, n_parallel=1))
+    settings = LlamaSettings(kv=KvRequest(tool="server", n_ctx=4096, n_parallel=1))
     mem = memory_by_place(tied_facts(embd), settings, vulkan)
     assert mem["Vulkan0"]["weights"] == device_weights
     assert mem["host"]["weights"] == embd

@@ -13,7 +13,7 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
 from safe_llama.model.kv import KvRequest, buffers, plan_kv
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Target, kv_splits
@@ -25,7 +25,7 @@ UHD770_MAX_ALLOC = 4_294_959_104
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")
 
 
 def _facts(arch: str, **meta: object) -> ModelFacts:
@@ -256,25 +256,24 @@ def test_a_broken_user_config_is_named(tmp_path: Path) -> None:
     user = tmp_path / "config.toml"
     user.write_text("[planner\nctx_floor = 1\n")
     with pytest.raises(SafeLlamaError) as err:
-        load_policy(configs_dir() / "planner.toml", user)
+        load_policy(packaged_configs() / "planner.toml", user)
     assert err.value.status == ExitStatus.BAD_CONFIG and str(user) in str(err.value)
     user.write_text("[planner]\nctx_floor = 8192\n")
-    assert load_policy(configs_dir() / "planner.toml", user).ctx_floor == 8192
+    assert load_policy(packaged_configs() / "planner.toml", user).ctx_floor == 8192
 
 
 def test_a_bad_user_planner_value_names_the_users_file_and_key(tmp_path: Path) -> None:
     from safe_llama.errors import SafeLlamaError
-    from safe_llama.paths import configs_dir
     from safe_llama.plan.policy import load_policy
 
     user = tmp_path / "config.toml"
     user.write_text('[planner]\nctx_floor = "lots"\n')
     with pytest.raises(SafeLlamaError) as caught:
-        load_policy(configs_dir() / "planner.toml", user)
+        load_policy(packaged_configs() / "planner.toml", user)
     assert f"{user}: [planner] ctx_floor: invalid value" in caught.value.message
     user.write_text('[planner.ladder]\ncpu = ["ctx", "nope"]\n')
     with pytest.raises(SafeLlamaError) as caught:
-        load_policy(configs_dir() / "planner.toml", user)
+        load_policy(packaged_configs() / "planner.toml", user)
     assert f"{user}: [planner] ladder.cpu: unknown step 'nope'" in caught.value.message
 
 
@@ -310,15 +309,15 @@ def test_failed_alloc_share_is_a_share(tmp_path: Path, value: str, accepted: boo
     user = tmp_path / "config.toml"
     user.write_text(f"[planner]\nfailed_alloc_share = {value}\n")
     if accepted:
-        assert load_policy(configs_dir() / "planner.toml", user).failed_alloc_share == Fraction(1, 2)
+        assert load_policy(packaged_configs() / "planner.toml", user).failed_alloc_share == Fraction(1, 2)
         return
     with pytest.raises(SafeLlamaError) as caught:
-        load_policy(configs_dir() / "planner.toml", user)
+        load_policy(packaged_configs() / "planner.toml", user)
     assert f"{user}: [planner] failed_alloc_share: invalid value" in caught.value.message
 
 
 def test_the_packaged_failed_alloc_share_is_exact() -> None:
-    assert load_policy(configs_dir() / "planner.toml").failed_alloc_share == Fraction(3, 4)
+    assert load_policy(packaged_configs() / "planner.toml").failed_alloc_share == Fraction(3, 4)
 
 
 # ------------------------------------------------------------------------------------ Vulkan's per-tensor range

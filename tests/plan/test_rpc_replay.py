@@ -13,7 +13,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.device.list_devices import parse_list_devices
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import KvRequest
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
@@ -48,7 +48,7 @@ def _logged(name: str) -> dict[str, dict[str, float]]:
 
 
 def _h200_with(endpoints: list[str], declared: tuple[tuple[str, int], ...] = ()) -> Target:
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     listed = parse_list_devices((RPC / "list-devices-rpc.txt").read_text())
     workers = [d for d in listed.devices if d.backend == "rpc" and d.description in endpoints]
     cuda = next(d for d in listed.devices if d.name == "CUDA0")
@@ -79,7 +79,9 @@ def test_the_recorded_split_and_each_devices_buffers(
 ) -> None:
     facts = load_model_facts(spread)
     target = _h200_with(endpoints, declared)
-    decided = plan(facts, KvRequest(tool="server", n_ctx=16384), target, load_policy(configs_dir() / "planner.toml"))
+    decided = plan(
+        facts, KvRequest(tool="server", n_ctx=16384), target, load_policy(packaged_configs() / "planner.toml")
+    )
     assert decided.argv_changes["--tensor-split"] == split
     places = memory_by_place(facts, decided.settings, target)
     names = {r.endpoint: r.name for r in target.remote}

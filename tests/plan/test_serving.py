@@ -12,7 +12,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import Layout, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
@@ -25,7 +25,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ buffer; a failed start of the weights teaches a device cap and leaves the KV alo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import load_model_facts
-from safe_llama.paths import configs_dir
-from safe_llama.plan.memory import Layout, Settings, memory_by_place
+from safe_llama.paths import packaged_configs
+from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
@@ -49,7 +50,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def policy() -> Policy:
-    return load_policy(configs_dir() / "planner.toml")
+    return load_policy(packaged_configs() / "planner.toml")
 
 
 def _h200(free: int, policy: Policy) -> Target:
@@ -140,11 +141,40 @@ def test_the_moe_compute_buffer_that_failed_is_planned_now(models: dict[str, Pat
     free = _free_at_plan(row, policy)
     req = to_request(parse("server", ["-m", str(models["moe"]), "-c", "8192", "-ngl", "99", "-ncmoe", "4"], {}))
     layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides))
-    places = memory_by_place(facts, Settings(kv=req.kv, n_gpu_layers=99, layout=layout), _h200(free, policy))
+    places = memory_by_place(facts, LlamaSettings(kv=req.kv, n_gpu_layers=99, layout=layout), _h200(free, policy))
     assert abs(places["CUDA0"]["weights"] - 3459.69 * MIB) < 0.01 * MIB
     assert places["CUDA0"]["compute"] >= failed - 0.05 * MIB
     changes, _ = _plan(models["moe"], ["-c", "8192", "-ngl", "99"], _h200(free, policy), policy)
     assert "--n-cpu-moe 5" in changes and not any(c.startswith("--gpu-layers") for c in changes)
+
+
+def test_the_moe_plan_started_first_time_with_the_fewest_experts_moved(models: dict[str, Path], policy: Policy) -> None:
+    """The fixed plan, run there (run3-moe-shrink.json, all but 4,500 MiB held): -ncmoe 5 started on the first
+    spawn, -ncmoe 4 did not start with its argv (the fewest that starts is the one planned), bare -ngl 99 failed."""
+    row = _rows("run3-moe-shrink.json")["moe-ngl99"]
+    changes, _ = _plan(models["moe"], ["-c", "8192", "-ngl", "99"], _h200(_free_at_plan(row, policy), policy), policy)
+    recorded = [str(a) for a in row["plan_argv"]]  # type: ignore[attr-defined]
+    assert "--n-cpu-moe 5" in changes and recorded[recorded.index("-ncmoe") + 1] == "5"
+    safe, bare = row["safe_llama"], row["bare"]
+    assert isinstance(safe, dict) and isinstance(bare, dict)
+    assert safe["ready"] and safe["attempts"] == 1 and not bare["ready"]
+    assert row["chosen_ncmoe"] == row["fewest_ncmoe_that_starts"] == 5
+    log = (FIXTURES / "free5-moe-c8k-ngl99-safe-llama.log").read_text()
+    assert "-ncmoe 5: the experts of 5 of 8 layers in host memory" in log and "failed" not in log.split("ready")[0]
+
+
+def test_memory_taken_between_plan_and_start_is_read_again_on_the_retry() -> None:
+    """There 30 GiB more were taken after the plan (80 GiB held, then 110): attempt 1's KV failed on CUDA0,
+    the retry named the device and the allocation, read the free memory again and the second spawn served."""
+    row = _rows("run3-moe-shrink.json")["shrink"]
+    assert row["ready"] and row["attempts"] == 2
+    lines = [str(x) for x in row["lines"]]  # type: ignore[attr-defined]
+    failed = next(x for x in lines if x.startswith("safe-llama: attempt 1 failed"))
+    assert "allocating 44795.00 MiB on device 0" in failed and "did not fit on CUDA0" in failed
+    assert "safe-llama: CUDA0: 28.59 GiB free now, 58.59 GiB when planned: planning with it" in lines
+    log = (FIXTURES / "shrink-held80-then-30-safe-llama.log").read_text()
+    cells = [int(c) for c in re.findall(r"llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells", log)]
+    assert len(cells) >= 1 and cells[-1] < 674_560  # the second plan's smaller context is the one that started
 
 
 def test_keep_user_ngl_keeps_it_and_says_nothing_fits(models: dict[str, Path], policy: Policy) -> None:

@@ -12,7 +12,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import Layout, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
@@ -98,7 +98,7 @@ def spread_facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
 
 
 def _workers(*mib: int) -> Target:
-    policy = load_policy(configs_dir() / "planner.toml")
+    policy = load_policy(packaged_configs() / "planner.toml")
     remote = tuple(
         RemoteDevice(f"RPC{i}", f"10.0.0.{i + 2}:50052", 24000 * MIB, Sourced(m * MIB, "declared", "test"))
         for i, m in enumerate(mib)
@@ -110,7 +110,7 @@ def _workers(*mib: int) -> Target:
 
 
 def test_the_plan_sets_a_split_that_fits_every_worker(spread_facts: ModelFacts) -> None:
-    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    facts, policy = spread_facts, load_policy(packaged_configs() / "planner.toml")
     target = _workers(500, 400, 170)
     decided = plan(facts, KvRequest(tool="server", n_ctx=12288), target, policy)
     split = decided.argv_changes["--tensor-split"]
@@ -126,7 +126,7 @@ def test_the_plan_sets_a_split_that_fits_every_worker(spread_facts: ModelFacts) 
 
 
 def test_the_users_split_is_kept_and_checked_per_worker(spread_facts: ModelFacts) -> None:
-    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    facts, policy = spread_facts, load_policy(packaged_configs() / "planner.toml")
     target = _workers(500, 400, 170)
     layout = Layout(tensor_split=(1.0, 1.0, 1.0))
     decided = plan(facts, KvRequest(tool="server", n_ctx=16384), target, policy, layout=layout)
@@ -136,7 +136,7 @@ def test_the_users_split_is_kept_and_checked_per_worker(spread_facts: ModelFacts
 
 
 def test_nothing_fits_names_the_worker(spread_facts: ModelFacts) -> None:
-    facts, policy = spread_facts, load_policy(configs_dir() / "planner.toml")
+    facts, policy = spread_facts, load_policy(packaged_configs() / "planner.toml")
     with pytest.raises(SafeLlamaError) as err:
         plan(facts, KvRequest(tool="server", n_ctx=4096), _workers(150, 150), policy)
     assert err.value.status == ExitStatus.NOTHING_FITS and "(10.0.0." in err.value.message

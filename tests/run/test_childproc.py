@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.run import childproc
 
 REPORT = """
@@ -90,13 +91,7 @@ def test_an_exec_failure_is_the_exec_s_errno_with_no_child_left(tmp_path: Path, 
 
 def test_the_supervised_environment() -> None:
     env = {"A": "1", "NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "5", "WATCHDOG_PID": "1"}
-    assert childproc.supervised_env(env, {"B": "2"}, 42) == {"A": "1", "B": "2", childproc.GUARD_ENV: "42"}
-
-
-def test_the_guard_is_procs() -> None:
-    from safe_llama.device import proc
-
-    assert childproc.GUARD_ENV == proc.GUARD_ENV
+    assert childproc.supervised_env(env, {"B": "2"}, 42) == {"A": "1", "B": "2", GUARD_ENV: "42"}
 
 
 def test_sigpipe_and_sigxfsz_are_default_as_subprocess_leaves_them() -> None:

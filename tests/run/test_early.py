@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.run import early
-from safe_llama.run.childproc import GUARD_ENV
 from tests import ROOT
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
@@ -197,21 +197,6 @@ def test_an_exec_failure_of_a_record_s_binary_is_reported_by_the_full_path(
     assert code == 126 and "not executable" in err
 
 
-@pytest.mark.parametrize(
-    "env",
-    [
-        pytest.param({"XDG_CACHE_HOME": "/x/cache", "HOME": "/h"}, id="xdg"),
-        pytest.param({"XDG_CACHE_HOME": "relative", "HOME": "/h"}, id="relative-xdg-ignored"),
-        pytest.param({"HOME": "/h"}, id="home"),
-        pytest.param({"XDG_CACHE_HOME": ""}, id="empty"),
-    ],
-)
-def test_the_cache_folder_is_paths(env: dict[str, str]) -> None:
-    from safe_llama.paths import cache_dir
-
-    assert early.cache_root(env) == str(cache_dir(env))
-
-
 def test_the_host_figures_are_probe_host_s() -> None:
     from safe_llama.device.probe_host import read_meminfo, read_rlimit_as
 
@@ -239,10 +224,11 @@ def test_a_record_someone_else_can_write_is_not_read(tmp_path: Path) -> None:
 
 
 def test_the_early_start_imports_nothing_heavy(tmp_path: Path) -> None:
-    """A lookup that finds no record costs the interpreter's start and a stat: nothing else is imported."""
+    """A lookup that finds no record costs the interpreter's start, a stat and hashlib (a few ms): signal
+    and the rest of the child's set-up come only with a record to start from."""
     code = (
-        "import sys; before = set(sys.modules); from safe_llama.run import early; "
-        "early.start('safe-llama', ['completion', '-m', 'x']); "
+        "import os, sys; before = set(sys.modules); from safe_llama.run import early; "
+        "early.start('safe-llama', ['completion', '-m', 'x'], os.environ); "
         "print(sorted(m for m in set(sys.modules) - before if not m.startswith('safe_llama')))"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}

@@ -14,13 +14,6 @@ from tests import ROOT
 ENTRY = "import sys; from safe_llama.entry import {fn}; sys.argv[0] = {name!r}; sys.exit({fn}())"
 
 
-def test_the_guard_is_procs() -> None:
-    from safe_llama.device import proc
-    from safe_llama.run import passthrough
-
-    assert passthrough.GUARD_ENV == proc.GUARD_ENV
-
-
 def test_the_entry_module_does_not_import_typer() -> None:
     code = "import sys, safe_llama.entry; print('typer' in sys.modules, 'safe_llama.plan.planner' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -92,25 +92,26 @@ def test_a_file_blocking_the_cache_turns_writes_off(tmp_path: Path, monkeypatch:
     assert blocker.read_text() == "not a directory"
 
 
-def test_toml_is_read_once_then_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config file's tables come from the cache until the file changes; a file elsewhere is not cached."""
+def test_toml_is_read_once_then_from_the_cache(tmp_path: Path) -> None:
+    """A config file's tables come from the cache it is kept in until the file changes; a file read without
+    one is not cached."""
     from safe_llama.state import load_toml
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    keep_in = cache_dir({"XDG_CACHE_HOME": str(tmp_path / "cache")})
     config = tmp_path / "config" / "safe-llama" / "config.toml"
     config.parent.mkdir(parents=True)
     config.write_text("[planner]\nctx_floor = 8192\n")
-    assert load_toml(config) == {"planner": {"ctx_floor": 8192}}
+    assert load_toml(config, keep_in) == {"planner": {"ctx_floor": 8192}}
     cached = list((tmp_path / "cache" / "safe-llama" / "toml").glob("*.json"))
     assert len(cached) == 1
     cached[0].write_text('{"planner": {"ctx_floor": 1}}')  # proof that the next read is the cache's
-    assert load_toml(config) == {"planner": {"ctx_floor": 1}}
+    assert load_toml(config, keep_in) == {"planner": {"ctx_floor": 1}}
+    assert load_toml(config) == {"planner": {"ctx_floor": 8192}}  # no cache: the file itself
     config.write_text("[planner]\nctx_floor = 16384\n")  # a change (size, mtime) is a new key
-    assert load_toml(config) == {"planner": {"ctx_floor": 16384}}
+    assert load_toml(config, keep_in) == {"planner": {"ctx_floor": 16384}}
     config.write_text("[planner\n")
     with pytest.raises(ValueError):
-        load_toml(config)
+        load_toml(config, keep_in)
     elsewhere = tmp_path / "other.toml"
     elsewhere.write_text("a = 1\n")
     assert load_toml(elsewhere) == {"a": 1}

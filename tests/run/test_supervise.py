@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.proc import GUARD_ENV
+from safe_llama.constants import GUARD_ENV
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.run.relay import Stream

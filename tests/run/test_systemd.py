@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.paths import configs_dir
+from safe_llama.paths import packaged_configs
 from safe_llama.run.say import Say
 
-UNIT = configs_dir() / "systemd" / "safe-llama-server.service"
+UNIT = packaged_configs() / "systemd" / "safe-llama-server.service"
 
 
 def _unit_with(exec_path: str, tmp_path: Path) -> Path:
@@ -79,7 +79,7 @@ def test_json_log_format() -> None:
 
 @pytest.mark.slow
 def test_shell_aliases_and_completion() -> None:
-    script = configs_dir() / "shell" / "safe-llama.sh"
+    script = packaged_configs() / "shell" / "safe-llama.sh"
     # the safe-llama of this interpreter's environment, not whatever else PATH holds
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     done = subprocess.run(
@@ -91,7 +91,7 @@ def test_shell_aliases_and_completion() -> None:
 
 
 def test_rpc_worker_unit_passes_systemd_analyze_verify() -> None:
-    unit = configs_dir() / "systemd" / "safe-llama-rpc-server.service"
+    unit = packaged_configs() / "systemd" / "safe-llama-rpc-server.service"
     if not Path("/usr/local/bin/safe-llama").exists():
         pytest.fail("/usr/local/bin/safe-llama is missing: run bash scripts/setup.sh as root")
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)

@@ -26,7 +26,7 @@ from safe_llama.device.devices import probe_devices
 from safe_llama.model.facts import model_facts
 from safe_llama.model.gguf_header import read_header
 from safe_llama.model.kv import KvRequest
-from safe_llama.plan.memory import Settings, memory_by_place
+from safe_llama.plan.memory import LlamaSettings, memory_by_place
 from safe_llama.plan.target import target_from
 from tests.llama_run import free_port, healthy, run_server_until_ready
 
@@ -147,7 +147,7 @@ def test_the_tied_embedding_is_counted_once_where_llama_cpp_puts_it(
     report = probe_devices(binary=vulkan_bin / "llama-server", env=env, opencl_always=False)
     target = target_from(report.target, report.host, binary_version=None)
     facts = model_facts(read_header(str(bundled_model)))
-    places = memory_by_place(facts, Settings(kv=KvRequest(tool="server", n_ctx=4096)), target)
+    places = memory_by_place(facts, LlamaSettings(kv=KvRequest(tool="server", n_ctx=4096)), target)
     code, log = run_server_until_ready(
         vulkan_bin, ["-m", str(bundled_model), "-c", "4096", "-ctxcp", "0", "-lv", "4"], env, timeout=300
     )

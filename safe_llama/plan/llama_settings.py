@@ -1,4 +1,5 @@
-"""The settings a plan chooses and the command line's memory options it keeps: the KV request, stateful execution,
+"""The llama.cpp settings a plan chooses (LlamaSettings; not safe-llama's own launch settings, which
+cmdline.launch_args reads) and the command line's memory options it keeps: the KV request, stateful execution,
 the GPU layers, and where things live (Layout: offload switches, tensor rules, devices and split, projector, prompt
 cache and checkpoints, load mode, a draft model).
 
@@ -49,7 +50,9 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Settings:
+class LlamaSettings:
+    """The values of llama.cpp's memory options a plan sets: the KV request, stateful execution, GPU layers."""
+
     kv: KvRequest
     stateful: bool = False
     n_gpu_layers: int | None = None  # None: all layers on the device (llama.cpp's default)

@@ -1,0 +1,127 @@
+"""plan.steps: each ladder step alone, as a function of the state (None where it does not apply), and the walk
+that stops once the plan fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from safe_llama.device.limits import Sourced
+from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.gguf_header import GGUFHeader
+from safe_llama.model.kv import KvRequest, plan_kv
+from safe_llama.paths import packaged_configs
+from safe_llama.plan.memory import LlamaSettings
+from safe_llama.plan.policy import STEPS, Policy, load_policy
+from safe_llama.plan.steps import LADDER, Inputs, State, Step, go_stateful, walk, worst
+from safe_llama.plan.target import STATEFUL_ENV, Target
+from tests.tiny_gguf import LLAMA_3B
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(packaged_configs() / "planner.toml")
+
+
+@pytest.fixture(scope="module")
+def facts() -> ModelFacts:
+    md: dict[str, object] = {"general.architecture": "llama"}
+    md.update({k if k.startswith(("general.", "tokenizer.")) else f"llama.{k}": v for k, v in LLAMA_3B.items()})
+    return model_facts(GGUFHeader(path="/models/x.gguf", metadata=md))  # type: ignore[arg-type]
+
+
+def _igpu() -> Target:
+    return Target(
+        backend="openvino",
+        device="OPENVINO0",
+        on_gpu=True,
+        integrated=True,
+        max_alloc=Sourced(4_294_959_104, "profile", "intel-uhd-770"),
+        device_memory=Sourced(16 * GIB, "profile", "intel-uhd-770"),
+        host_budget=Sourced(32 * GIB, "declared", "test"),
+        binary_version="0.4.1-dev",
+    )
+
+
+def _inputs(facts: ModelFacts, target: Target, policy: Policy, tool: str = "completion") -> Inputs:
+    request = KvRequest(tool=tool, n_ctx=65536)
+    return Inputs(facts, request, target, policy, policy.ctx_floor, plan_kv(facts, request).context.n_ctx)
+
+
+def _start(inputs: Inputs) -> State:
+    return State(LlamaSettings(kv=inputs.request))
+
+
+def test_every_ladder_name_has_its_step() -> None:
+    assert set(LADDER) == set(STEPS)
+
+
+def test_stateful_moves_the_kv_to_host_ram(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy)
+    state = _start(inputs)
+    after = LADDER["stateful"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.settings.stateful
+    assert after.env == {STATEFUL_ENV: "1"} and [s.name for s in after.taken] == ["stateful"]
+    assert "--parallel" not in after.changes  # one sequence already
+    assert inputs.fits(after.settings)
+    assert LADDER["stateful"](inputs, after, worst(inputs.allocations(after.settings))) is None  # once only
+
+
+def test_stateful_from_the_users_environment_sets_one_slot_and_no_variable(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy, tool="server")
+    after = go_stateful(inputs, _start(inputs), f"your {STATEFUL_ENV}=1: KV in host RAM", {})
+    assert after.changes == {"--parallel": "1"} and after.env == {}
+    assert after.settings.kv.n_parallel == 1 and after.settings.kv.kv_unified is None
+    assert after.taken == (Step("stateful", f"your {STATEFUL_ENV}=1: KV in host RAM, one slot (-np 1) as it requires"),)
+
+
+def test_ctx_takes_the_largest_that_fits_and_keeps_its_reason(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy)
+    state = _start(inputs)
+    after = LADDER["ctx"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.changes == {"--ctx-size": "37376"}
+    assert (
+        after.ctx_reason.endswith(": -c ")
+        and after.taken[0].reason == f"{after.ctx_reason}37376, the largest that fits"
+    )
+
+
+def test_kv_q8_on_openvino_is_skipped_with_a_note(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy)
+    state = _start(inputs)
+    after = LADDER["kv-q8"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.taken == () and after.settings == state.settings
+    assert after.notes == ("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)",)
+
+
+def test_kv_q4_sets_the_type_and_flash_attention(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy)
+    state = _start(inputs)
+    after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None
+    assert after.changes == {"--cache-type-k": "q4_0", "--cache-type-v": "q4_0", "--flash-attn": "on"}
+    assert (after.settings.kv.type_k, after.settings.kv.flash_attn) == ("q4_0", "on")
+    assert LADDER["kv-q8"](inputs, after, worst(inputs.allocations(after.settings))) is None  # already smaller
+
+
+@pytest.mark.parametrize("name", ["stateful", "weights", "ngl"])
+def test_gpu_steps_do_not_apply_on_the_cpu(facts: ModelFacts, policy: Policy, name: str) -> None:
+    inputs = _inputs(facts, Target(backend="cpu", host_budget=Sourced(GIB, "declared", "t")), policy)
+    state = _start(inputs)
+    assert LADDER[name](inputs, state, worst(inputs.allocations(state.settings))) is None
+
+
+def test_walk_stops_once_it_fits(facts: ModelFacts, policy: Policy) -> None:
+    inputs = _inputs(facts, _igpu(), policy)
+    after = walk(inputs, _start(inputs), ("stateful", "ctx", "kv-q4"))
+    assert [s.name for s in after.taken] == ["stateful"]
+    roomy = _inputs(facts, Target(backend="cpu", host_budget=Sourced(64 * GIB, "declared", "t")), policy)
+    assert walk(roomy, _start(roomy), ("ctx", "kv-q4")) == _start(roomy)
+
+
+def test_took_keeps_a_changed_options_first_place() -> None:
+    state = State(LlamaSettings(kv=KvRequest(tool="server")), changes={"--gpu-layers": "20", "--fit": "off"})
+    after = state.took(Step("ngl", "why"), changes={"--ctx-size": "4096", "--gpu-layers": "10"})
+    assert list(after.changes.items()) == [("--gpu-layers", "10"), ("--fit", "off"), ("--ctx-size", "4096")]
+    assert after.taken == (Step("ngl", "why"),) and state.taken == ()
