@@ -1,4 +1,4 @@
-"""Pipe-mode relay throughput of supervise.launch() against `cat` writing straight into a pipe.
+"""Pipe-mode relay throughput of supervise.supervise_child() against `cat` writing straight into a pipe.
 
 Also reports the supervisor's peak RSS and the speed while start-up output is still being scanned.
 Run: python benchmarks/bench_relay.py [--mib 512] [--scan-mib 16] [--repeat 3]
@@ -17,13 +17,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The wrapper side: launch() with stdout a pipe to this benchmark; its own peak RSS on stderr at the end.
+# The wrapper side: supervise_child() with stdout a pipe to this benchmark; its own peak RSS on stderr at the end.
 DRIVER = """
 import os, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.supervise import GenerationProbe, SignatureWatcher, launch
+from safe_llama.run.supervise import GenerationProbe, SignatureWatcher, supervise_child
 probe = GenerationProbe() if sys.argv[1] == "ready" else None
-outcome = launch(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)
+outcome = supervise_child(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)
 status = open("/proc/self/status").read().splitlines()
 peak = next(line.split()[1] for line in status if line.startswith("VmHWM"))
 sys.stderr.write(f"rss_peak_kib={peak} ready={outcome.ready}\\n")
@@ -74,9 +74,12 @@ def main() -> None:
         scanned, scanned_size, _ = best([sys.executable, "-c", DRIVER, "never", "cat", str(log)], 1)
 
     mb = size / 1e6
-    print(f"cat into a pipe:                      {mb / direct:8.0f} MB/s  ({size >> 20} MiB in {direct:.2f} s)")
-    print(f"through launch(), after readiness:    {mb / relayed:8.0f} MB/s  ({relayed / direct:.2f}x the time of cat)")
-    print(f"through launch(), scanning log lines: {scanned_size / 1e6 / scanned:8.1f} MB/s")
+    print(
+        f"cat into a pipe:                                {mb / direct:8.0f} MB/s  ({size >> 20} MiB in {direct:.2f} s)"
+    )
+    times = f"({relayed / direct:.2f}x the time of cat)"
+    print(f"through supervise_child(), after readiness:    {mb / relayed:8.0f} MB/s  {times}")
+    print(f"through supervise_child(), scanning log lines: {scanned_size / 1e6 / scanned:8.1f} MB/s")
     print(f"supervisor: {stderr.strip()}")
 
 

@@ -217,9 +217,9 @@ def _adopt(started: Early, args: list[str]) -> int:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
-    from safe_llama.run.launch import launch
+    from safe_llama.run.launch import run_launch
 
-    return launch(tool, args, given, door=door)
+    return run_launch(tool, args, given, door=door)
 
 
 def _rpc_server(args: list[str]) -> int:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.declared import declared_limits
 from safe_llama.device.device_map import TargetDevice
@@ -229,7 +230,7 @@ def run_devices_command(
         note = err.message
     report = probe_devices(
         binary=binary,
-        args=["--device", device] if device else [],
+        command=parse("server", ["--device", device] if device else [], child_env),
         env=child_env,
         declared=declared,
         refresh=refresh,

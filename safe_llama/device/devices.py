@@ -11,13 +11,14 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
+from safe_llama.cmdline.llama_args import CommandLine, parse
 from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
@@ -257,7 +258,7 @@ def probe_opencl_cached(
 def probe_devices(
     *,
     binary: Path | None,
-    args: Sequence[str] = (),
+    command: CommandLine | None = None,
     env: Mapping[str, str],
     declared: DeclaredLimits = NOTHING_DECLARED,
     refresh: bool = False,
@@ -266,7 +267,7 @@ def probe_devices(
     opencl_always: bool = True,
     rpc_servers: str | None = None,
 ) -> DeviceReport:
-    """Everything about the device a llama.cpp command line (args, and the env it will run with) targets.
+    """Everything about the device a llama.cpp command line (its parse, and the env it will run with) targets.
 
     `binary` is the llama.cpp tool to ask (None: skip llama.cpp's view, `binary_note` says why). Slow
     probes are cached under
@@ -276,7 +277,7 @@ def probe_devices(
     workers' devices are listed too (DeviceReport.rpc).
     """
     cache = cache_dir(env) / "probe"
-    request = resolve_request(args, env)
+    request = resolve_request(command if command is not None else parse("server", (), env), env)
     profile = load_profile(declared.profile, env) if declared.profile else None
     sysfs = probe_sysfs(sys_root=roots.sys_root, dev_root=roots.dev_root)
     host = probe_host(proc_cgroup=roots.proc_cgroup, cgroup_root=roots.cgroup_root)

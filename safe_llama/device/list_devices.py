@@ -2,14 +2,19 @@
 
 Owns those text formats, taken from the pinned source: common/arg.cpp (common_print_available_devices,
 `-dev/--device`), each backend's device name and description, common/build-info.cpp.in. Pure: takes
-text and values, returns values; runs nothing and reads no files.
+text and values, returns values; runs nothing and reads no files. Must not read a command line itself: the
+device a command line asks for is read from its parse (cmdline/llama_args.parse).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from safe_llama.cmdline.llama_args import CommandLine
 
 MIB = 1024 * 1024
 
@@ -157,20 +162,25 @@ def parse_version(text: str) -> LlamaVersion | None:
     return LlamaVersion(version=version, build=build, commit=commit, compiler=compiler, target=target)
 
 
-def resolve_request(args: Sequence[str], env: Mapping[str, str]) -> DeviceRequest:
-    """The device list a llama.cpp command line asks for; a flag on the command line beats LLAMA_ARG_DEVICE.
+def resolve_request(cmd: CommandLine, env: Mapping[str, str]) -> DeviceRequest:
+    """The device list a parsed llama.cpp command line asks for. The parse reads it as llama.cpp does: the
+    last `-dev`/`--device` wins, a flag beats LLAMA_ARG_DEVICE, and a word that is another option's value
+    (`-p -dev`: a prompt) is no device choice. `none` means no offload (CPU only).
 
-    llama.cpp's parser keeps the last `-dev`/`--device`; `none` means no offload (CPU only).
+    `--device=NAME` is read too, as it always was here, though llama.cpp rejects it (`invalid argument`, a
+    usage error): a word the parse rejects, later than any -dev/--device.
     """
     value: str | None = None
-    for i, arg in enumerate(args):
-        if arg in ("-dev", "--device") and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--device="):
-            value = arg.split("=", 1)[1]
-    source = "--device"
-    if value is None and env.get("LLAMA_ARG_DEVICE"):
-        value, source = env["LLAMA_ARG_DEVICE"], "LLAMA_ARG_DEVICE"
+    source, at = "default", -1
+    setting = cmd.get("--device")
+    if setting is not None and isinstance(setting.value, str):
+        if setting.source == "argv":
+            value, source, at = setting.value, "--device", setting.argv_index or 0
+        elif setting.value:  # an empty LLAMA_ARG_DEVICE asks for nothing
+            value, source = setting.value, setting.source
+    for i in cmd.rejected_at:
+        if i > at and cmd.argv[i].startswith("--device="):
+            value, source, at = cmd.argv[i].split("=", 1)[1], "--device", i
     openvino = env.get("GGML_OPENVINO_DEVICE") or None
     if value is None:
         return DeviceRequest(devices=None, devices_from="default", openvino_device=openvino)

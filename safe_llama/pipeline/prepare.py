@@ -183,7 +183,7 @@ def prepare(
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
     report = probe_devices(
-        binary=binary, args=args, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers
+        binary=binary, command=cmd, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers
     )
     listed_rpc: tuple[LlamaDevice, ...] = ()
     if servers is not None:

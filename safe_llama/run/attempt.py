@@ -1,9 +1,11 @@
-"""What happens around one attempt of a launch: the watcher (error signatures, then the ready actions), the
-probe that keeps systemd's start timeout pushed out, and the ready actions (remember the plan, write the
-launch record, tell systemd, feed its watchdog).
+"""One attempt of a launch: start (or adopt) llama.cpp under supervision and hand back how it ended, with what
+goes around it: the watcher (error signatures, then the ready actions), the probe that keeps systemd's start
+timeout pushed out, and the ready actions (remember the plan, write the launch record, tell systemd, feed its
+watchdog).
 
-Owns those per-attempt helpers, shared by launch.run and an early start's launch.adopted; the attempt loop
-and its decisions are launch.py's.
+Owns run_attempt, the one attempt body of both launch.run_attempts and an early start's launch.adopted, and
+its helpers. Must not decide what to start or whether to retry: the attempt loop and its decisions are
+launch.py's, the process handling supervise.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from safe_llama.run.say import Say
@@ -20,13 +23,65 @@ from safe_llama.units import human
 if TYPE_CHECKING:
     from safe_llama.diagnosis.signatures import Failure, SignatureTable
     from safe_llama.pipeline.prepare import PlanOptions, Prepared
+    from safe_llama.run.childproc import Started
     from safe_llama.run.fast_record import Recorder
     from safe_llama.run.readiness import ReadinessProbe
     from safe_llama.run.relay import Stream
-    from safe_llama.run.supervise import Verdict
+    from safe_llama.run.supervise import Outcome, Verdict
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What every attempt of one launch shares: where its lines go, systemd's notifier, the error signatures."""
+
+    say: Say
+    notifier: Notifier
+    table: SignatureTable
+
+
+def run_attempt(
+    shared: Supervision,
+    tool: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    number: int,
+    status: str,
+    store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None,
+    record: Callable[[], None] | None = None,
+    recorder: Recorder | None = None,
+    started: Started | None = None,
+) -> Outcome:
+    """Attempt `number`: argv (the binary first) with env, supervised until it exits; the ready actions run
+    when its start-up is over. store: the plan to remember once ready, and record: the launch record to
+    write then; recorder: the launch record's window, closed where the child starts; started: the child
+    an early start already runs (run/early.py), adopted instead of spawned."""
+    from safe_llama.run import supervise
+    from safe_llama.run.readiness import HealthProbe, probe_for
+
+    notifier = shared.notifier
+    notifier.status(status)
+    on_ready = ReadyActions(shared.say, notifier, number)
+    on_ready.store, on_ready.record = store, record
+    probe = probe_for(tool, argv[1:], env)
+    on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
+    notifier.extend_timeout(EXTEND_TIMEOUT)
+    if recorder is not None:
+        recorder.close()  # the window ends where attempt 1 starts
+    outcome = supervise.supervise_child(
+        argv,
+        env,
+        watcher=Watcher(shared.table, on_ready),
+        probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+        started=started,
+    )
+    on_ready.stop_watchdog()
+    if outcome.ready:
+        notifier.stopping()
+    return outcome
 
 
 class ReadyActions:
@@ -51,7 +106,7 @@ class ReadyActions:
         self.notifier.ready(f"ready (attempt {self.attempt})")
         interval = self.notifier.watchdog_interval
         if interval is not None:
-            # started from inside supervise.launch, so the thread inherits its blocked signal mask
+            # started from inside supervise.supervise_child, so the thread inherits its blocked signal mask
             self._thread = threading.Thread(target=self._watchdog, args=(interval,), daemon=True)
             self._thread.start()
 

@@ -1,21 +1,23 @@
 """Launch a llama.cpp tool with the plan, watch its start-up, retry smaller on an allocation failure,
 remember what worked, and hand back the child's exit code.
 
-Owns the attempt loop and what is said about it (one line per change, one per failed attempt). The
-process handling is supervise.py's, the decisions the planner's.
+Owns the attempt loop (run_attempts, its state in one _Loop) and what is said about it (one line per
+change, one per failed attempt), and the early start's takeover (adopted). One attempt's body is
+attempt.py's, the process handling supervise.py's, the decisions the planner's.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.paths import cache_dir
-from safe_llama.run.attempt import EXTEND_TIMEOUT, LaunchRecord, NotifyingProbe, ReadyActions, Watcher, remember_kill
+from safe_llama.run import footprint
+from safe_llama.run.attempt import LaunchRecord, Supervision, remember_kill, run_attempt
 from safe_llama.run.say import Say
 from safe_llama.run.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
@@ -26,7 +28,7 @@ if TYPE_CHECKING:  # the planner's side is imported where used: an early start m
     from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.run.early import Early
     from safe_llama.run.fast_record import Recorder
-    from safe_llama.run.retry import Attempt
+    from safe_llama.run.retry import Learned
     from safe_llama.run.supervise import Outcome
 
 _MARGIN_SCALE = {"keep": 1.0, "band": -1.0}  # retry.Margin as planner.Target.margin_scale
@@ -56,7 +58,27 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
     return remember.key(identity)
 
 
-def run(
+@dataclass
+class _Loop:
+    """What the attempt loop carries from one attempt to the next."""
+
+    prepared: Prepared | None  # the facts and the plan of the next attempt; None: llama.cpp as given
+    options: PlanOptions  # the planner's options, with what the failures taught
+    learned: Learned  # the lessons so far (retry.learn)
+    attempt: int = 0  # the number of the attempt being made
+    last_kv: footprint.Footprint | None = None  # the last failed attempt's footprint: the next is smaller
+    stepped: bool = False  # this attempt's size is a step below an earlier failure
+
+
+class _Start(NamedTuple):
+    """What one attempt starts: llama.cpp's arguments, the environment changes, and its footprint."""
+
+    argv: list[str]
+    extra_env: dict[str, str]
+    kv_now: footprint.Footprint | None
+
+
+def run_attempts(
     tool: str,
     args: Sequence[str],
     env: Mapping[str, str],
@@ -72,10 +94,8 @@ def run(
     from safe_llama.cmdline.llama_args import redact_argv
     from safe_llama.device.binaries import find_binary
     from safe_llama.diagnosis.signatures import load_table
-    from safe_llama.pipeline.prepare import final_argv, free_again, prepare, replan
-    from safe_llama.run import remember, supervise
-    from safe_llama.run.readiness import HealthProbe, probe_for
-    from safe_llama.run.retry import Learned, learn
+    from safe_llama.run import supervise
+    from safe_llama.run.retry import Learned
 
     raw_env = recorder.raw if recorder is not None else env
     say = Say(raw_env)
@@ -86,69 +106,23 @@ def run(
         say(f"{unusable}: running without caching or remembering plans", "warning")
     binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
-    notifier = Notifier(raw_env)
+    shared = Supervision(say, Notifier(raw_env), table)
     base_env = child_env(raw_env)
-    plan_options = options.plan
-    try:
-        prepared: Prepared | None = prepare(tool, args, env, plan_options, binary=binary)
-    except ModelNotOnDisk as missing:  # llama.cpp downloads it; its own fitting stays on
-        say(missing.message.removeprefix("safe-llama: "))
-        prepared = None
-    except SafeLlamaError as err:
-        if err.status not in (ExitStatus.USAGE,):
-            raise
-        say(f"not planning ({err.message.removeprefix('safe-llama: ')}); running llama.cpp as given", "warning")
-        prepared = None
+    prepared, plan_options = _prepare(tool, args, env, options.plan, binary, say), options.plan
     digest = None
     recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
     if prepared is not None and options.remember:
         digest = _remember_key(prepared, binary)
-        known = remember.recall(digest, env)
-        if known is not None and known.learned_max_alloc is not None:  # the device's own limit: any budget
-            plan_options = replace(plan_options, learned_max_alloc=known.learned_max_alloc)
-            prepared = replan(prepared, plan_options, env)
-        if known is not None and not remember.usable(known, prepared.target.host_budget.value):
-            known = None  # the size was learned under a tighter budget than this launch has: plan afresh
-        if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
-            # the plan would ask for more than what last started here: start from what worked
-            plan_options = replace(plan_options, kv_cap=known.kv_bytes)
-            prepared = replan(prepared, plan_options, env)
-            why = "a larger plan was killed for lack of memory once ready" if known.after_oom else "it worked before"
-            say(f"starting from the plan with {human(known.kv_bytes)} of KV: {why}")
-            recalled = True
+        prepared, plan_options, recalled = _recall(prepared, plan_options, digest, env, say)
     if prepared is not None and first is None:  # an early start said them already
         for line in prepared.announce:
-            if recorder is not None:
-                recorder.say(say, line)
-            else:
-                say(line)
-    attempt = 0
-    last_kv: tuple[int, int, int] | None = None
-    learned = Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap)
-    stepped = False  # this attempt's size is a step below an earlier failure
+            _say(say, line, recorder)
+    loop = _Loop(prepared, plan_options, Learned(max_alloc=plan_options.learned_max_alloc, kv_cap=plan_options.kv_cap))
     while True:
-        attempt += 1
-        if prepared is None or (attempt == 1 and not options.predict):
-            argv = list(args) if prepared is None else final_argv(_unplanned(prepared))
-            extra_env: dict[str, str] = {}
-            kv_now = None if prepared is None else _unplanned_footprint(prepared)
-        else:
-            if prepared.plan is None:
-                assert prepared.error is not None
-                if attempt == 1:
-                    raise prepared.error
-                raise SafeLlamaError(
-                    f"{prepared.error.message} (after {attempt - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
-                )
-            if first is None or attempt > 1:  # an early start said them already
-                for step in prepared.plan.steps:
-                    if recorder is not None and attempt == 1:
-                        recorder.say(say, step.reason)
-                    else:
-                        say(step.reason)
-            argv = final_argv(prepared)
-            extra_env = dict(prepared.plan.env_changes)
-            kv_now = _footprint(prepared)
+        loop.attempt += 1
+        attempt, prepared = loop.attempt, loop.prepared
+        start = _next_start(loop, args, options, say, recorder, said=first is not None and attempt == 1)
+        last_kv, kv_now = loop.last_kv, start.kv_now
         if last_kv is not None and kv_now is not None and all(n >= b for n, b in zip(kv_now, last_kv, strict=True)):
             raise SafeLlamaError(
                 f"safe-llama: no plan smaller than the one that failed ({human(last_kv[2])} of KV, "
@@ -159,34 +133,25 @@ def run(
         if first is not None and attempt == 1:
             outcome = first
         else:
-            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(argv))[:200]
-            notifier.status(status)
-            on_ready = ReadyActions(say, notifier, attempt)
-            if (
-                prepared is not None
-                and digest is not None
-                and prepared.plan is not None
-                and attempt_is_planned(attempt, options)
-            ):
-                on_ready.store = (digest, prepared, plan_options, env)
+            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(start.argv))[:200]
+            store, record = None, None
+            if prepared is not None and digest is not None and prepared.plan is not None and _planned(loop, options):
+                store = (digest, prepared, loop.options, env)
                 if recorder is not None and door is not None and attempt == 1 and not recalled:
-                    on_ready.record = LaunchRecord(recorder, door, tool, args, argv, prepared, plan_options, status)
-            probe = probe_for(tool, argv, {**base_env, **extra_env})
-            on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
-            notifier.extend_timeout(EXTEND_TIMEOUT)
-            if recorder is not None:
-                recorder.close()  # the window ends where attempt 1 starts
-            outcome = supervise.launch(
-                [str(binary), *argv],
-                {**base_env, **extra_env},
-                watcher=Watcher(table, on_ready),
-                probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
+                    record = LaunchRecord(recorder, door, tool, args, start.argv, prepared, loop.options, status)
+            outcome = run_attempt(
+                shared,
+                tool,
+                [str(binary), *start.argv],
+                {**base_env, **start.extra_env},
+                number=attempt,
+                status=status,
+                store=store,
+                record=record,
+                recorder=recorder,
             )
-            on_ready.stop_watchdog()
-            if outcome.ready:
-                notifier.stopping()
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
-            remember_kill(prepared, digest, plan_options, outcome.killed_for_memory, env, say)
+            remember_kill(prepared, digest, loop.options, outcome.killed_for_memory, env, say)
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return outcome.exit_code
         failure = outcome.failure
@@ -197,40 +162,128 @@ def run(
         if attempt >= options.attempts:
             say(f"attempt {attempt} failed: {failure.line or failure.kind}; no attempts left", "error")
             return int(ExitStatus.RETRIES_EXHAUSTED)
-        if _worker_failed(failure) and prepared.plan is not None and prepared.target.remote:
-            # an RPC worker stopped: the same KV with a smaller share for that worker is the next plan
-            plan_options = _after_lost_worker(prepared, plan_options, failure, attempt, say)
-            prepared = replan(prepared, plan_options, env)
-            last_kv, stepped = None, False
-            continue
-        last_kv = kv_now
-        lower = replan(prepared, replace(plan_options, kv_cap=None, margin_scale=1.0), env).plan
-        lesson = learn(
-            _attempted(prepared, kv_now, planned=attempt_is_planned(attempt, options), stepped=stepped),
-            failure,
-            learned,
-            lower_kv=lower.kv.total_bytes if lower is not None else None,
-            # the band only below a planned start that failed: after an unplanned one (--no-predict) the next
-            # plan keeps the margin, as a predicted launch does
-            search_band=prepared.target.address_space_budget
-            and tool in _READY_AFTER_EVERY_ALLOCATION
-            and attempt_is_planned(attempt, options),
+        _learn(loop, prepared, failure, kv_now, tool, options, env, say)
+
+
+def _say(say: Say, line: str, recorder: Recorder | None) -> None:
+    """A line of the plan; inside a launch record's window the record keeps it to say again."""
+    if recorder is not None:
+        recorder.say(say, line)
+    else:
+        say(line)
+
+
+def _prepare(
+    tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, binary: Path, say: Say
+) -> Prepared | None:
+    """The facts and the plan; None where llama.cpp runs as given (a model it downloads, words not planned)."""
+    from safe_llama.pipeline.prepare import prepare
+
+    try:
+        return prepare(tool, args, env, options, binary=binary)
+    except ModelNotOnDisk as missing:  # llama.cpp downloads it; its own fitting stays on
+        say(missing.message.removeprefix("safe-llama: "))
+    except SafeLlamaError as err:
+        if err.status not in (ExitStatus.USAGE,):
+            raise
+        say(f"not planning ({err.message.removeprefix('safe-llama: ')}); running llama.cpp as given", "warning")
+    return None
+
+
+def _recall(
+    prepared: Prepared, options: PlanOptions, digest: str, env: Mapping[str, str], say: Say
+) -> tuple[Prepared, PlanOptions, bool]:
+    """The plan with what was remembered under this key: (prepared, options, whether a KV size was used)."""
+    from safe_llama.pipeline.prepare import replan
+    from safe_llama.run import remember
+
+    known = remember.recall(digest, env)
+    if known is not None and known.learned_max_alloc is not None:  # the device's own limit: any budget
+        options = replace(options, learned_max_alloc=known.learned_max_alloc)
+        prepared = replan(prepared, options, env)
+    if known is not None and not remember.usable(known, prepared.target.host_budget.value):
+        known = None  # the size was learned under a tighter budget than this launch has: plan afresh
+    if known is not None and prepared.plan is not None and prepared.plan.kv.total_bytes > known.kv_bytes:
+        # the plan would ask for more than what last started here: start from what worked
+        options = replace(options, kv_cap=known.kv_bytes)
+        prepared = replan(prepared, options, env)
+        why = "a larger plan was killed for lack of memory once ready" if known.after_oom else "it worked before"
+        say(f"starting from the plan with {human(known.kv_bytes)} of KV: {why}")
+        return prepared, options, True
+    return prepared, options, False
+
+
+def _next_start(
+    loop: _Loop, args: Sequence[str], options: LaunchOptions, say: Say, recorder: Recorder | None, *, said: bool
+) -> _Start:
+    """What this attempt starts, its plan's lines said (said: an early start said them already)."""
+    from safe_llama.pipeline.prepare import final_argv
+
+    prepared, attempt = loop.prepared, loop.attempt
+    if prepared is None:
+        return _Start(list(args), {}, None)
+    if not _planned(loop, options):
+        return _Start(final_argv(replace(prepared, plan=None)), {}, footprint.unplanned_footprint(prepared))
+    if prepared.plan is None:
+        assert prepared.error is not None
+        if attempt == 1:
+            raise prepared.error
+        raise SafeLlamaError(
+            f"{prepared.error.message} (after {attempt - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
         )
-        learned = lesson.learned
-        plan_options = replace(
-            plan_options,
-            learned_max_alloc=learned.max_alloc,
-            compute_extra=learned.compute_extra,
-            kv_cap=learned.kv_cap,
-            margin_scale=_MARGIN_SCALE[learned.margin],
-            device_cap=learned.device_cap,
-        )
-        say(f"attempt {attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
-        prepared, moved = free_again(prepared, env)
-        if moved:
-            say(moved)
-        prepared = replan(prepared, plan_options, env)
-        stepped = _cap_binds(prepared, plan_options, env)
+    if not said:
+        for step in prepared.plan.steps:
+            _say(say, step.reason, recorder if attempt == 1 else None)
+    return _Start(final_argv(prepared), dict(prepared.plan.env_changes), footprint.planned_footprint(prepared))
+
+
+def _learn(
+    loop: _Loop,
+    prepared: Prepared,
+    failure: Failure,
+    kv_now: footprint.Footprint | None,
+    tool: str,
+    options: LaunchOptions,
+    env: Mapping[str, str],
+    say: Say,
+) -> None:
+    """After a start that failed for memory: the lesson, said, and the next attempt's plan in loop."""
+    from safe_llama.pipeline.prepare import free_again, replan
+    from safe_llama.run.retry import learn
+
+    if _worker_failed(failure) and prepared.plan is not None and prepared.target.remote:
+        # an RPC worker stopped: the same KV with a smaller share for that worker is the next plan
+        loop.options = _after_lost_worker(prepared, loop.options, failure, loop.attempt, say)
+        loop.prepared = replan(prepared, loop.options, env)
+        loop.last_kv, loop.stepped = None, False
+        return
+    loop.last_kv = kv_now
+    lower = replan(prepared, replace(loop.options, kv_cap=None, margin_scale=1.0), env).plan
+    planned = _planned(loop, options)
+    lesson = learn(
+        footprint.attempted(prepared, kv_now, planned=planned, stepped=loop.stepped),
+        failure,
+        loop.learned,
+        lower_kv=lower.kv.total_bytes if lower is not None else None,
+        # the band only below a planned start that failed: after an unplanned one (--no-predict) the next
+        # plan keeps the margin, as a predicted launch does
+        search_band=prepared.target.address_space_budget and tool in _READY_AFTER_EVERY_ALLOCATION and planned,
+    )
+    learned = loop.learned = lesson.learned
+    loop.options = replace(
+        loop.options,
+        learned_max_alloc=learned.max_alloc,
+        compute_extra=learned.compute_extra,
+        kv_cap=learned.kv_cap,
+        margin_scale=_MARGIN_SCALE[learned.margin],
+        device_cap=learned.device_cap,
+    )
+    say(f"attempt {loop.attempt} failed: {failure.line or failure.kind}; retrying: {lesson.reason}", "warning")
+    prepared, moved = free_again(prepared, env)
+    if moved:
+        say(moved)
+    loop.prepared = replan(prepared, loop.options, env)
+    loop.stepped = footprint.cap_binds(loop.prepared, loop.options, env)
 
 
 WORKER_WAIT = 30.0  # seconds a worker that stopped may take to answer again (systemd restarts it in 0.1 s)
@@ -281,61 +334,14 @@ def _worker_failed(failure: Failure) -> bool:
     return failure.stage == "worker" or endpoint_of(failure.buffer) is not None
 
 
-def attempt_is_planned(attempt: int, options: LaunchOptions) -> bool:
-    return options.predict or attempt > 1
+def _planned(loop: _Loop, options: LaunchOptions) -> bool:
+    """The attempt starts the plan (not llama.cpp's own sizes): with prediction on, or after a failure."""
+    return options.predict or loop.attempt > 1
 
 
-def _attempted(prepared: Prepared, kv_now: tuple[int, int, int] | None, *, planned: bool, stepped: bool) -> Attempt:
-    """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
-    from safe_llama.model.kv import plan_kv
-    from safe_llama.plan.compute import compute_estimate
-    from safe_llama.run.retry import Attempt
-
-    kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
-    kv_bytes = kv_now[2] if kv_now is not None else kv.total_bytes
-    req = prepared.plan.settings.kv if prepared.plan is not None else prepared.request.kv
-    target = prepared.target
-    estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
-    device = target.device if target.on_gpu and not target.integrated else None
-    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, stepped=stepped, device=device)
-
-
-def _cap_binds(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
-    """Whether the KV cap, not a limit, sized the plan: the attempt is then a step below a failure."""
-    from safe_llama.pipeline.prepare import replan
-
-    if prepared.plan is None or options.kv_cap is None:
-        return False
-    free = replan(prepared, replace(options, kv_cap=None), env).plan
-    return free is None or free.kv.total_bytes > prepared.plan.kv.total_bytes
-
-
-def _unplanned(prepared: Prepared) -> Prepared:
-    return replace(prepared, plan=None)
-
-
-def _footprint(prepared: Prepared) -> tuple[int, int, int]:
-    """(bytes planned on the local GPU, KV bytes on the device, KV bytes in all): each attempt must be smaller
-    than the last in one of them."""
-    from safe_llama.plan.memory import memory_by_place
-
-    assert prepared.plan is not None
-    total = prepared.plan.kv.total_bytes
-    on_device = prepared.target.on_gpu and not prepared.plan.settings.stateful
-    places = memory_by_place(prepared.facts, prepared.plan.settings, prepared.target)
-    device = sum(places.get(prepared.target.device or "", {}).values())
-    return (device, total if on_device else 0, total)
-
-
-def _unplanned_footprint(prepared: Prepared) -> tuple[int, int, int]:
-    from safe_llama.model.kv import plan_kv
-
-    total = plan_kv(prepared.facts, prepared.request.kv).total_bytes
-    on_device = total if prepared.target.on_gpu else 0
-    return (on_device, on_device, total)
-
-
-def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None) -> int:
+def run_launch(
+    tool: str, args: list[str], given: dict[str, str], *, door: tuple[str, Sequence[str]] | None = None
+) -> int:
     """The supervised launch with safe-llama's own options resolved (flags over SAFE_LLAMA_* over the config
     file); callers have already handed no-model invocations to llama.cpp (`passthrough.pass_through_early`).
     door: which door was used and its words, to key a launch record for the next start (early.py)."""
@@ -344,21 +350,19 @@ def launch(tool: str, args: list[str], given: dict[str, str], *, door: tuple[str
 
     if door is None:
         settings, origins = launch_args.resolve_sourced(given, os.environ)
-        return run(tool, args, os.environ, launch_options(settings, origins))
+        return run_attempts(tool, args, os.environ, launch_options(settings, origins))
     from safe_llama.run.fast_record import Recorder
 
     with Recorder(os.environ) as recorder:
         settings, origins = launch_args.resolve_sourced(given, recorder.env)
         options = launch_options(settings, origins)
-        return run(tool, args, recorder.env, options, recorder=recorder, door=door)
+        return run_attempts(tool, args, recorder.env, options, recorder=recorder, door=door)
 
 
 def adopted(early: Early, door_args: list[str]) -> int:
-    """Attempt 1 started early from a launch record, supervised as run() supervises its own; when it fails
-    for memory the record is dropped and run() goes on from there (plans, learns, retries)."""
+    """Attempt 1 started early from a launch record, supervised as run_attempts() supervises its own; when it
+    fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries)."""
     from safe_llama.diagnosis.signatures import load_table
-    from safe_llama.run import supervise
-    from safe_llama.run.readiness import HealthProbe, probe_for
 
     env = os.environ
     tool = early.tool
@@ -366,22 +370,8 @@ def adopted(early: Early, door_args: list[str]) -> int:
     for message, level in early.lines:
         say(message, level)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
-    notifier = Notifier(env)
-    notifier.status(early.status)
-    on_ready = ReadyActions(say, notifier, 1)
-    probe = probe_for(tool, early.argv[1:], early.env)
-    on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
-    notifier.extend_timeout(EXTEND_TIMEOUT)
-    outcome = supervise.launch(
-        early.argv,
-        early.env,
-        watcher=Watcher(table, on_ready),
-        probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
-        started=early.started,
-    )
-    on_ready.stop_watchdog()
-    if outcome.ready:
-        notifier.stopping()
+    shared = Supervision(say, Notifier(env), table)
+    outcome = run_attempt(shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started)
     if not outcome.retry:
         return outcome.exit_code
     from safe_llama.cmdline import launch_args
@@ -396,4 +386,4 @@ def adopted(early: Early, door_args: list[str]) -> int:
         assert request is not None  # a record is only stored for words that were a launch
         args, given = list(request.args), dict(request.settings)
     settings, origins = launch_args.resolve_sourced(given, env)
-    return run(tool, args, env, launch_options(settings, origins), first=outcome)
+    return run_attempts(tool, args, env, launch_options(settings, origins), first=outcome)

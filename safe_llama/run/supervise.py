@@ -3,8 +3,8 @@ watches its start-up, and how the run ended.
 
 Owns the child's life from spawn to reap: when to read and write (relay.py moves the bytes), when to
 forward, stop or suspend (signals.py says what a signal is), when start-up is over (readiness.py) and
-whether it failed (the watcher); spawn.py starts the child. launch() is the one way llama.cpp is started
-for real work. Must not decide policy (what a line means is signatures.py's, whether to retry is the
+whether it failed (the watcher); spawn.py starts the child. supervise_child() is the one way llama.cpp is
+started for real work. Must not decide policy (what a line means is signatures.py's, whether to retry is the
 caller's) and must never alter, delay or hold back a byte the child writes.
 
 Built on the standard library (subprocess, pty/termios, poll, a signalfd through ctypes) rather than
@@ -153,7 +153,7 @@ def check_not_nested(env: Mapping[str, str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# launch()
+# supervise_child()
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -474,7 +474,7 @@ class _Supervisor:
         self.child.close()
 
 
-def launch(
+def supervise_child(
     argv: Sequence[str | os.PathLike[str]],
     env: Mapping[str, str],
     *,
@@ -502,7 +502,7 @@ def launch(
     """
     args = [os.fspath(a) for a in argv]
     if not args:
-        raise ValueError("launch() needs a program to run")
+        raise ValueError("supervise_child() needs a program to run")
     pty_mode = started is None and (use_pty if use_pty is not None else os.isatty(stdin_fd) and os.isatty(stdout_fd))
     child = Child(args, {**env, GUARD_ENV: str(os.getpid())}, use_pty=pty_mode, fds=(stdin_fd, stdout_fd, stderr_fd))
     supervisor = _Supervisor(child, watcher, probe, stop_grace, kill_after)

@@ -72,7 +72,7 @@ def run_rpc_server(args: Sequence[str], env: Mapping[str, str] = os.environ) -> 
             say(note, "warning")
     notifier = Notifier(env)
     try:
-        outcome = supervise.launch(
+        outcome = supervise.supervise_child(
             [binary, *args], child_env(env), watcher=_Ready(notifier, where), probe=ListenProbe(parsed.port)
         )
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
 from safe_llama.device.devices import load_profile, load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
@@ -160,7 +161,7 @@ def test_openvino_refuses_a_gpu_it_does_not_have(openvino_bin: Path, env: dict[s
 def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str]) -> None:
     report = probe_devices(
         binary=openvino_bin / "llama-server",
-        args=["--device", "OPENVINO0"],
+        command=parse("server", ["--device", "OPENVINO0"], env),
         env=env,
         declared=DeclaredLimits(profile="intel-uhd-770", memory_bytes=8 * GIB, host_memory_bytes=16 * GIB),
     )

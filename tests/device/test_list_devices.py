@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.list_devices import (
     MIB,
     DeviceRequest,
@@ -167,7 +168,37 @@ def test_version_absent() -> None:
             id="flag-beats-env",
         ),
         pytest.param([], {"GGML_OPENVINO_DEVICE": "GPU.1"}, DeviceRequest(None, "default", "GPU.1"), id="openvino"),
+        pytest.param(
+            ["-p", "-dev", "-c", "512"], {}, DeviceRequest(None, "default", None), id="a prompt that reads -dev"
+        ),
+        pytest.param(
+            ["-p", "-dev", "-dev", "Vulkan0"], {}, DeviceRequest(("Vulkan0",), "--device", None), id="prompt, then -dev"
+        ),
+        pytest.param(
+            ["-dev", "Vulkan0", "-p", "-dev", "-n", "4"],
+            {},
+            DeviceRequest(("Vulkan0",), "--device", None),
+            id="-dev, then prompt",
+        ),
+        pytest.param(["-p", "--device=Vulkan0"], {}, DeviceRequest(None, "default", None), id="a prompt with ="),
+        pytest.param(["-dev", "Vulkan0"], {}, DeviceRequest(("Vulkan0",), "--device", None), id="-dev Vulkan0"),
+        pytest.param(["--device=Vulkan0"], {}, DeviceRequest(("Vulkan0",), "--device", None), id="--device=Vulkan0"),
+        pytest.param(
+            ["--device=Vulkan0", "-dev", "CUDA0"], {}, DeviceRequest(("CUDA0",), "--device", None), id="= then -dev"
+        ),
+        pytest.param(
+            ["-dev", "CUDA0", "--device=Vulkan0"], {}, DeviceRequest(("Vulkan0",), "--device", None), id="-dev then ="
+        ),
+        pytest.param(["-c", "512", "-dev"], {}, DeviceRequest(None, "default", None), id="-dev without its value"),
+        pytest.param([], {"LLAMA_ARG_DEVICE": ""}, DeviceRequest(None, "default", None), id="empty env"),
+        pytest.param(
+            ["--device=Vulkan0"],
+            {"LLAMA_ARG_DEVICE": "SYCL0"},
+            DeviceRequest(("Vulkan0",), "--device", None),
+            id="= beats env",
+        ),
     ],
 )
 def test_resolve_request(args: list[str], env: dict[str, str], expected: DeviceRequest) -> None:
-    assert resolve_request(args, env) == expected
+    """Read from the command line as llama-completion parses it (-p is one of its options)."""
+    assert resolve_request(parse("completion", args, env), env) == expected

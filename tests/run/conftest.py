@@ -1,4 +1,5 @@
-"""The scripts tests of launch() run: the driver (the wrapper) and the fake llama.cpp (tests/run/supervision.py)."""
+"""The scripts tests of supervise_child() run: the driver (the wrapper) and the fake llama.cpp
+(tests/run/supervision.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Driving launch() from a process of its own in tests: DRIVER (the wrapper, as the CLI calls launch()),
-FAKE (a fake llama.cpp for what the real one cannot show on demand) and the helpers around them.
+"""Driving supervise_child() from a process of its own in tests: DRIVER (the wrapper, as the launcher calls
+supervise_child()), FAKE (a fake llama.cpp for what the real one cannot show on demand) and the helpers around them.
 
 A test support module, not a test: tests/run/conftest.py writes the two scripts (the `scripts` fixture) for
 test_supervise.py, test_relay.py, test_signals.py and test_readiness.py. Numbers in test names there refer
@@ -26,12 +26,12 @@ import pexpect
 from tests import ROOT
 
 DRIVER = """\
-# test driver (not a fake): the wrapper, calling safe_llama.run.supervise.launch() the way the CLI does.
+# test driver (not a fake): the wrapper, calling safe_llama.run.supervise.supervise_child() the way the CLI does.
 import dataclasses, json, os, sys, termios
 from safe_llama.errors import SafeLlamaError
 from safe_llama.run.readiness import probe_for
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.supervise import SignatureWatcher, launch
+from safe_llama.run.supervise import SignatureWatcher, supervise_child
 
 
 class RaisingWatcher(SignatureWatcher):
@@ -55,7 +55,7 @@ probe = probe_for(opts["probe"], argv, os.environ) if opts.get("probe") else Non
 result = {}
 code = 0
 try:
-    outcome = launch(
+    outcome = supervise_child(
         argv, os.environ, watcher=watcher, probe=probe, use_pty=opts.get("pty"),
         stop_grace=opts.get("grace", 2.0), kill_after=opts.get("kill_after", 5.0),
     )

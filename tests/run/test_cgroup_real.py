@@ -113,8 +113,10 @@ def test_oom_kill_during_start_up_is_retried(
 _DRIVER = """
 import json, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.supervise import SignatureWatcher, launch
-outcome = launch(sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=SignatureWatcher(load_table()), use_pty=False)
+from safe_llama.run.supervise import SignatureWatcher, supervise_child
+outcome = supervise_child(
+    sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=SignatureWatcher(load_table()), use_pty=False
+)
 print(json.dumps({"returncode": outcome.returncode, "retry": outcome.retry,
                   "kind": outcome.failure.kind if outcome.failure else None,
                   "evidence": outcome.failure.evidence if outcome.failure else None}))

@@ -6,7 +6,7 @@ environment only as an argument (the launch passes the recording mapping), which
 test_the_planning_path_takes_the_environment_as_an_argument holds for every module of it.
 
 The launch runs for real in-process (options, binary lookup, probes of the real pinned llama.cpp, the
-planner) up to attempt 1's spawn, where supervise.launch is replaced by a stand-in that reports the start
+planner) up to attempt 1's spawn, where supervise.supervise_child is replaced by a stand-in that reports the start
 ready: what is tested here is the planning window, not the child (test_early.py starts real children).
 """
 
@@ -69,7 +69,7 @@ class Setup:
         return ["completion", *self.args]
 
     def launch(self, args: list[str] | None = None, *, watch: bool = False) -> int:
-        """launch() up to attempt 1's spawn, which is reported ready (the record is written then)."""
+        """run_launch() up to attempt 1's spawn, which is reported ready (the record is written then)."""
         args = self.args if args is None else args
         opened: list[tuple[str, str]] = []
 
@@ -79,14 +79,14 @@ class Setup:
             watcher.ready()
             return Outcome(0, 0, True, None, False, None, (), 0, False)
 
-        self.monkeypatch.setattr(supervise, "launch", stand_in)
+        self.monkeypatch.setattr(supervise, "supervise_child", stand_in)
         if watch:
             if not _hook_installed:
                 sys.addaudithook(_test_audit)
                 _hook_installed.append(True)
             _audit_on[:] = [opened]
         try:
-            code = launch.launch("completion", list(args), {}, door=("safe-llama", ["completion", *args]))
+            code = launch.run_launch("completion", list(args), {}, door=("safe-llama", ["completion", *args]))
         finally:
             _audit_on.clear()
         self.opened = opened
@@ -289,7 +289,7 @@ def test_a_declared_budget_is_recorded_without_the_ram_rule(setup: Setup) -> Non
     setup.launch(["-m", str(setup.model), *ARGS])
     assert setup.record()["host"] is not None
     door = ["--host-memory", "64G", "completion", *setup.args]
-    launch.launch("completion", setup.args, {"host_memory": "64G"}, door=("safe-llama", door))
+    launch.run_launch("completion", setup.args, {"host_memory": "64G"}, door=("safe-llama", door))
     declared = early.load(str(setup.record_file(door)))
     assert declared is not None and declared["host"] is None
 

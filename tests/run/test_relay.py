@@ -1,4 +1,4 @@
-"""Tests for safe_llama/run/relay.py through launch(): every byte passes unchanged and at once, on pipes or
+"""Tests for safe_llama/run/relay.py through supervise_child(): every byte passes unchanged and at once, on pipes or
 through a pty of the terminal's size, and the terminal is restored on every way out (behaviours 11-14).
 
 The wrapper runs as a process of its own (tests/run/supervision.py); the child is the FAKE llama.cpp, which

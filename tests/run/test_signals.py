@@ -1,4 +1,4 @@
-"""Tests for safe_llama/run/signals.py through launch(): forwarding each signal once, Ctrl-C, job control,
+"""Tests for safe_llama/run/signals.py through supervise_child(): forwarding each signal once, Ctrl-C, job control,
 the child's empty signal mask and its death with the wrapper (behaviours 1-6).
 
 The wrapper runs as a process of its own (tests/run/supervision.py) so that signals, terminals and SIGKILL

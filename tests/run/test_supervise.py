@@ -1,7 +1,7 @@
 """Tests for safe_llama/run/supervise.py: exit codes, start-up watching, stopping a child that printed an
 allocation failure, and the real llama-server under the wrapper.
 
-The wrapper side runs as a separate process (DRIVER in tests/run/supervision.py, calling launch() as the CLI
+The wrapper side runs as a separate process (DRIVER in tests/run/supervision.py, calling supervise_child() as the CLI
 does) so that signals, terminals and SIGKILL can be aimed at it. Behaviours no real llama.cpp shows on demand
 (an allocation error printed by a process that keeps running, a given exit code) come from FAKE, a fake
 llama.cpp; everything that can run for real runs the pinned llama.cpp on the bundled model (slow tests).
