@@ -30,7 +30,8 @@ from pathlib import Path
 t0 = time.perf_counter()
 from safe_llama.device.devices import probe_devices
 t1 = time.perf_counter()
-report = probe_devices(binary=Path(sys.argv[1]))
+import os
+report = probe_devices(binary=Path(sys.argv[1]), env=os.environ)
 t2 = time.perf_counter()
 assert report.llama is not None and report.llama.cached and report.opencl_cached, "not warm"
 print(f"{(t1 - t0) * 1000:.3f} {(t2 - t1) * 1000:.3f}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,12 +17,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+CAT = shutil.which("cat") or "/bin/cat"  # the relayed program, by its path (spawn does not search PATH)
 
 # The wrapper side: supervise_child() with stdout a pipe to this benchmark; its own peak RSS on stderr at the end.
 DRIVER = """
 import os, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.supervise import GenerationProbe, SignatureWatcher, supervise_child
+from safe_llama.run.readiness import GenerationProbe
+from safe_llama.run.supervise import SignatureWatcher, supervise_child
 probe = GenerationProbe() if sys.argv[1] == "ready" else None
 outcome = supervise_child(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)
 status = open("/proc/self/status").read().splitlines()
@@ -43,7 +46,8 @@ def consume(argv: list[str]) -> tuple[float, int, str]:
         total += len(chunk)
     elapsed = time.perf_counter() - started
     stderr = proc.stderr.read().decode()
-    proc.wait()
+    if proc.wait() != 0 and not total:
+        raise SystemExit(f"{argv[:3]} failed: {stderr.strip()[-400:]}")
     return elapsed, total, stderr
 
 
@@ -69,9 +73,9 @@ def main() -> None:
         log.write_bytes(line * (opts.scan_mib * (1 << 20) // len(line)))
 
         direct, size, _ = best(["cat", str(data)], opts.repeat)
-        relayed, relayed_size, stderr = best([sys.executable, "-c", DRIVER, "ready", "cat", str(data)], opts.repeat)
+        relayed, relayed_size, stderr = best([sys.executable, "-c", DRIVER, "ready", CAT, str(data)], opts.repeat)
         assert relayed_size == size, (relayed_size, size)
-        scanned, scanned_size, _ = best([sys.executable, "-c", DRIVER, "never", "cat", str(log)], 1)
+        scanned, scanned_size, _ = best([sys.executable, "-c", DRIVER, "never", CAT, str(log)], 1)
 
     mb = size / 1e6
     print(

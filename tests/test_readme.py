@@ -54,3 +54,25 @@ def test_every_planner_key_is_listed() -> None:
     listing = README[start : README.index("with the meaning the comments there give", start)]
     keys = tomllib.loads((ROOT / "configs" / "planner.toml").read_text())
     assert [key for key in keys if f"`{key}`" not in listing] == []
+
+
+def _layout_section() -> str:
+    start = README.index("## How the code is laid out")
+    return README[start : README.index("\n## ", start + 1)]
+
+
+def test_the_layout_section_names_every_module_and_only_real_files() -> None:
+    """The section a newcomer reads to find where a change goes stays true: every module of safe_llama/ is
+    named in it, and every file path it gives exists."""
+    section = _layout_section()
+    package = ROOT / "safe_llama"
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py"]
+    missing = [str(p.relative_to(package)) for p in modules if not re.search(rf"(?<![\w/]){p.stem}(?!\w)", section)]
+    assert missing == []
+    paths = set(
+        re.findall(
+            r"(?<![\w/.-])((?:safe_llama/|tests/|configs/|scripts/)?[a-z_]+/[\w/.-]+\.(?:py|toml|json))", section
+        )
+    )
+    wrong = [p for p in sorted(paths) if not any((ROOT / base / p).exists() for base in ("", "safe_llama"))]
+    assert wrong == []
