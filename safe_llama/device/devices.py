@@ -33,7 +33,7 @@ from safe_llama.device.list_devices import (
     parse_version,
     resolve_request,
 )
-from safe_llama.device.probe_free import NO_READINGS, FreeReport, read_free
+from safe_llama.device.probe_free import NO_READINGS, FreeReport, NvmlRead, read_free
 from safe_llama.device.probe_host import probe_host
 from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_opencl_isolated
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
@@ -266,6 +266,7 @@ def probe_devices(
     binary_note: str = "",
     opencl_always: bool = True,
     rpc_servers: str | None = None,
+    nvml: NvmlRead | None = None,
 ) -> DeviceReport:
     """Everything about the device a llama.cpp command line (its parse, and the env it will run with) targets.
 
@@ -303,7 +304,7 @@ def probe_devices(
     if any(d.backend == "vulkan" for d in (llama.listed.devices if llama else ())) or "Vulkan" in str(request.devices):
         gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
-    free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root)
+    free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)
 
     def resolve(llama: LlamaProbe | None) -> TargetDevice:
         return resolve_target(

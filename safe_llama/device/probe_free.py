@@ -144,43 +144,69 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
 NVML_TIMEOUT = 5.0  # seconds a forked NVML read may take before it is killed (a wedged driver)
 
 
-def read_nvml_isolated(library: str = NVML_LIBRARY, timeout: float = NVML_TIMEOUT) -> FreeReport:
-    """read_nvml in a forked child. NVML starts threads of its own that outlive nvmlShutdown; in the supervisor
-    they would take signals meant for its signalfd (a SIGCHLD lost there leaves a dead child unreaped)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: read, write the report, leave at once (no atexit, no flushing of parent buffers)
+class NvmlRead:
+    """read_nvml running in a forked child, started early and collected when the plan needs it: NVML's own
+    start (nvmlInit, about 20 ms on an H200) then overlaps safe-llama's imports and probes instead of adding
+    to them. NVML starts threads of its own that outlive nvmlShutdown; in the supervisor they would take
+    signals meant for its signalfd (a SIGCHLD lost there leaves a dead child unreaped): the child keeps them."""
+
+    def __init__(self, library: str = NVML_LIBRARY) -> None:
+        self._read_end, write_end = os.pipe()
+        self.pid = os.fork()  # the child's
+        self._open = True  # until its result is taken or it is cancelled
+        if self.pid == 0:  # the child: read, write the report, leave at once (no atexit, no parent buffers)
+            try:
+                os.close(self._read_end)
+                report = read_nvml(library, shutdown=False)
+                data = {"readings": [r.to_dict() for r in report.readings], "driver": report.driver,
+                        "note": report.note}  # fmt: skip
+                os.write(write_end, json.dumps(data).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+
+    def result(self, timeout: float = NVML_TIMEOUT) -> FreeReport:
+        """The child's report (waiting at most timeout seconds for it); the child is reaped."""
+        if not self._open:
+            return FreeReport((), None, "NVML: the reading was already taken")
+        pid, self._open = self.pid, False
+        chunks = []
         try:
-            os.close(read_end)
-            report = read_nvml(library, shutdown=False)
-            data = {
-                "readings": [r.to_dict() for r in report.readings],
-                "driver": report.driver,
-                "note": report.note,
-            }
-            os.write(write_end, json.dumps(data).encode())
+            while select.select([self._read_end], [], [], timeout)[0]:
+                chunk = os.read(self._read_end, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                return FreeReport((), None, f"NVML: no answer within {timeout:.0f} s")
         finally:
-            os._exit(0)
-    os.close(write_end)
-    chunks = []
-    try:
-        while select.select([read_end], [], [], timeout)[0]:
-            chunk = os.read(read_end, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        else:
+            os.close(self._read_end)
+            os.waitpid(pid, 0)
+        try:
+            data = json.loads(b"".join(chunks))
+            readings = tuple(reading_from_dict(r) for r in data["readings"])
+            return FreeReport(readings, data["driver"], str(data["note"]))
+        except (ValueError, KeyError, TypeError):
+            return FreeReport((), None, "NVML: the reading could not be read back")
+
+    def cancel(self) -> None:
+        """Not needed after all (or the launch failed before using it): the child is stopped and reaped."""
+        if self._open:
+            pid, self._open = self.pid, False
+            os.close(self._read_end)
             os.kill(pid, signal.SIGKILL)
-            return FreeReport((), None, f"NVML: no answer within {timeout:.0f} s")
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    try:
-        data = json.loads(b"".join(chunks))
-        readings = tuple(reading_from_dict(r) for r in data["readings"])
-        return FreeReport(readings, data["driver"], str(data["note"]))
-    except (ValueError, KeyError, TypeError):
-        return FreeReport((), None, "NVML: the reading could not be read back")
+            os.waitpid(pid, 0)
+
+
+def read_nvml_isolated(library: str = NVML_LIBRARY, timeout: float = NVML_TIMEOUT) -> FreeReport:
+    """read_nvml in a forked child, waited for at once (see NvmlRead)."""
+    return NvmlRead(library).result(timeout)
+
+
+def nvidia_driver_loaded(proc_root: Path = Path("/proc")) -> bool:
+    """Whether NVIDIA's kernel driver is loaded (its /proc folder): the one case where NVML can answer."""
+    return (proc_root / "driver" / "nvidia").is_dir()
 
 
 def read_amdgpu(sys_root: Path, bdfs: Sequence[str]) -> FreeReport:
@@ -197,18 +223,23 @@ def read_amdgpu(sys_root: Path, bdfs: Sequence[str]) -> FreeReport:
     return FreeReport(tuple(readings), None, f"amdgpu sysfs: {len(readings)} GPU(s)")
 
 
-def read_free(sysfs: SysfsReport, listed: ListedDevices | None, sys_root: Path = Path("/sys")) -> FreeReport:
+def read_free(
+    sysfs: SysfsReport, listed: ListedDevices | None, sys_root: Path = Path("/sys"), nvml: NvmlRead | None = None
+) -> FreeReport:
     """Free memory now from the vendors' interfaces of the GPUs present: NVML where an NVIDIA GPU is (sysfs
-    shows one, or llama.cpp lists a CUDA device), amdgpu's counters for each amdgpu device."""
+    shows one, or llama.cpp lists a CUDA device), amdgpu's counters for each amdgpu device. nvml: a read
+    started earlier (NvmlRead), used instead of starting one now; cancelled when no NVIDIA GPU is seen."""
     readings: list[FreeReading] = []
     notes = []
     driver = None
     cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
     if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
-        nvml = read_nvml_isolated()
-        driver = nvml.driver
-        readings.extend(nvml.readings)
-        notes.append(nvml.note)
+        report = nvml.result() if nvml is not None else read_nvml_isolated()
+        driver = report.driver
+        readings.extend(report.readings)
+        notes.append(report.note)
+    elif nvml is not None:
+        nvml.cancel()
     amd = [g.bdf for g in sysfs.gpus if g.driver == "amdgpu"]
     if amd:
         amdgpu = read_amdgpu(sys_root, amd)

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
@@ -36,6 +37,9 @@ from safe_llama.plan.target import (
     with_worker_caps,
 )
 from safe_llama.units import human
+
+if TYPE_CHECKING:
+    from safe_llama.device.probe_free import NvmlRead
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,22 @@ def prepare(
     tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, *, binary: Path | None = None
 ) -> Prepared:
     """Facts about the model and the device, and the plan (or why nothing fits). `binary`: the llama.cpp
-    tool already found by the caller (the launcher), so it is not looked up twice."""
+    tool already found by the caller (the launcher), so it is not looked up twice. Where NVIDIA's driver is
+    loaded, its free-memory read starts first, in a child, and is collected when the devices are probed."""
+    from safe_llama.device.probe_free import NvmlRead, nvidia_driver_loaded
+
+    nvml = NvmlRead() if nvidia_driver_loaded() else None
+    try:
+        return _prepare(tool, args, env, options, binary, nvml)
+    finally:
+        if nvml is not None:
+            nvml.cancel()  # nothing left to do once its result was taken
+
+
+def _prepare(
+    tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, binary: Path | None,
+    nvml: NvmlRead | None,
+) -> Prepared:  # fmt: skip
     from safe_llama.device.binaries import find_binary
     from safe_llama.device.devices import probe_devices
 
@@ -183,8 +202,9 @@ def prepare(
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
     report = probe_devices(
-        binary=binary, command=cmd, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers
-    )
+        binary=binary, command=cmd, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers,
+        nvml=nvml,
+    )  # fmt: skip
     listed_rpc: tuple[LlamaDevice, ...] = ()
     if servers is not None:
         if report.rpc is None:

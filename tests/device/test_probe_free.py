@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.probe_free import normal_bdf, read_amdgpu, read_nvml, read_nvml_isolated, reading_from_dict
+from safe_llama.device.probe_free import (
+    NvmlRead,
+    normal_bdf,
+    nvidia_driver_loaded,
+    read_amdgpu,
+    read_free,
+    read_nvml,
+    read_nvml_isolated,
+    reading_from_dict,
+)
+from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
 from tests import FIXTURES, ROOT
 from tests.fakes.fake_cuda_llama import build_nvml
 
@@ -115,3 +125,45 @@ def test_amdgpu_free_is_total_less_used(tmp_path: Path) -> None:
     assert reading.total_bytes == total
     assert reading.free_bytes == total - used
     assert report.note == "amdgpu sysfs: 1 GPU(s)"
+
+
+def _reaped(pid: int) -> bool:
+    import os
+
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+H200_PCI = PciGpu("0000:00:06.0", 0x030200, 0x10DE, 0x2335, "NVIDIA", True, "nvidia", None, None, ())
+NVIDIA_SYSFS = SysfsReport((H200_PCI,), (), "one NVIDIA GPU")
+
+
+def test_a_read_started_early_gives_the_same_reading_once(fake_nvml: Path) -> None:
+    started = NvmlRead(str(fake_nvml))
+    report = started.result()
+    assert [r.to_dict() for r in report.readings] == [H200] and _reaped(started.pid)
+    assert started.result().readings == () and "already taken" in started.result().note
+
+
+def test_read_free_collects_the_read_started_before(fake_nvml: Path) -> None:
+    """The launch starts NVML's read before its imports and probes; read_free takes that one (the default
+    library is not on this machine: without it there would be no reading)."""
+    started = NvmlRead(str(fake_nvml))
+    report = read_free(NVIDIA_SYSFS, None, Path("/nonexistent"), started)
+    assert [r.to_dict() for r in report.readings] == [H200] and _reaped(started.pid)
+
+
+def test_a_read_not_needed_is_stopped_and_reaped(fake_nvml: Path) -> None:
+    started = NvmlRead(str(fake_nvml))
+    report = read_free(SysfsReport((), (), "no GPU"), None, Path("/nonexistent"), started)
+    assert report.readings == () and _reaped(started.pid)
+    started.cancel()  # twice: nothing left to do
+
+
+def test_nvidia_driver_loaded_is_its_proc_folder(tmp_path: Path) -> None:
+    assert not nvidia_driver_loaded(tmp_path)
+    (tmp_path / "driver" / "nvidia").mkdir(parents=True)
+    assert nvidia_driver_loaded(tmp_path)
