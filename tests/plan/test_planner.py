@@ -3,7 +3,6 @@ quantized-cache rules, nothing fitting."""
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
