@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama import paths
 from safe_llama.paths import (
     LLAMA_CPP_PINNED,
     bundled_model_dirs,
@@ -82,9 +81,9 @@ def test_pinned_bin_dir_takes_the_first_finished_build(tmp_path: Path, monkeypat
 
 def test_pinned_home_is_system_wide_for_root_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = _env(tmp_path)
-    monkeypatch.setattr(paths.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert pinned_home("cpu", env) == tmp_path / "prefix" / "llama.cpp" / LLAMA_CPP_PINNED / "cpu" / "bin"
-    monkeypatch.setattr(paths.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert pinned_home("cpu", env).is_relative_to(tmp_path / "cache" / "safe-llama")
 
 
