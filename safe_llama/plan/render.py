@@ -137,7 +137,7 @@ def _sourced(value: Sourced[int] | None) -> dict[str, Any] | None:
 
 def bar(used: int, limit: int, width: int = 30) -> str:
     share = used / limit if limit > 0 else float("inf")
-    filled = min(width, round(share * width))
+    filled = min(width, round(share * width)) if limit > 0 else width  # no room at all: a full bar, not a crash
     return "[" + "#" * filled + "." * (width - filled) + "]" + (" OVER" if used > limit else f" {share:4.0%}")
 
 

@@ -3,7 +3,6 @@ quantized-cache rules, nothing fitting."""
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -252,31 +251,6 @@ def test_context_given_back_after_a_later_step(policy: Policy) -> None:
     assert p.steps[0].reason.endswith(f": -c {chosen}, the largest that fits with the steps after it")
 
 
-def test_a_broken_user_config_is_named(tmp_path: Path) -> None:
-    user = tmp_path / "config.toml"
-    user.write_text("[planner\nctx_floor = 1\n")
-    with pytest.raises(SafeLlamaError) as err:
-        load_policy(packaged_configs() / "planner.toml", user)
-    assert err.value.status == ExitStatus.BAD_CONFIG and str(user) in str(err.value)
-    user.write_text("[planner]\nctx_floor = 8192\n")
-    assert load_policy(packaged_configs() / "planner.toml", user).ctx_floor == 8192
-
-
-def test_a_bad_user_planner_value_names_the_users_file_and_key(tmp_path: Path) -> None:
-    from safe_llama.errors import SafeLlamaError
-    from safe_llama.plan.policy import load_policy
-
-    user = tmp_path / "config.toml"
-    user.write_text('[planner]\nctx_floor = "lots"\n')
-    with pytest.raises(SafeLlamaError) as caught:
-        load_policy(packaged_configs() / "planner.toml", user)
-    assert f"{user}: [planner] ctx_floor: invalid value" in caught.value.message
-    user.write_text('[planner.ladder]\ncpu = ["ctx", "nope"]\n')
-    with pytest.raises(SafeLlamaError) as caught:
-        load_policy(packaged_configs() / "planner.toml", user)
-    assert f"{user}: [planner] ladder.cpu: unknown step 'nope'" in caught.value.message
-
-
 def test_a_learned_compute_size_and_the_margin_band_reach_the_host_total(policy: Policy) -> None:
     """The retry's hooks: bytes the compute estimate missed are counted at every size; margin_scale -1
     plans to the top of the margin band (the budget plus the margin), 1 keeps the policy's margin."""
@@ -294,30 +268,6 @@ def test_a_learned_compute_size_and_the_margin_band_reach_the_host_total(policy:
     assert extra.kv.total_bytes < kept.kv.total_bytes < band.kv.total_bytes
     per_cell = plan_kv(facts, KvRequest(tool="server", n_ctx=256)).total_bytes / 256
     assert (kept.kv.total_bytes - extra.kv.total_bytes) / per_cell == pytest.approx(GIB / per_cell, rel=0.3)
-
-
-@pytest.mark.parametrize(
-    ("value", "accepted"),
-    [
-        pytest.param("0.5", True, id="a-half"),
-        pytest.param("1", False, id="all-of-it"),
-        pytest.param("0", False, id="nothing"),
-        pytest.param('"3/4"', False, id="text"),
-    ],
-)
-def test_failed_alloc_share_is_a_share(tmp_path: Path, value: str, accepted: bool) -> None:
-    user = tmp_path / "config.toml"
-    user.write_text(f"[planner]\nfailed_alloc_share = {value}\n")
-    if accepted:
-        assert load_policy(packaged_configs() / "planner.toml", user).failed_alloc_share == Fraction(1, 2)
-        return
-    with pytest.raises(SafeLlamaError) as caught:
-        load_policy(packaged_configs() / "planner.toml", user)
-    assert f"{user}: [planner] failed_alloc_share: invalid value" in caught.value.message
-
-
-def test_the_packaged_failed_alloc_share_is_exact() -> None:
-    assert load_policy(packaged_configs() / "planner.toml").failed_alloc_share == Fraction(3, 4)
 
 
 # ------------------------------------------------------------------------------------ Vulkan's per-tensor range

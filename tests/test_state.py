@@ -65,12 +65,6 @@ def test_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
     assert state.read_json(target)["i"] == 199  # type: ignore[index]
 
 
-def test_relative_xdg_cache_home_is_ignored(tmp_path: Path) -> None:
-    assert cache_dir({"XDG_CACHE_HOME": "relative/dir", "HOME": str(tmp_path)}) == tmp_path / ".cache" / "safe-llama"
-    assert cache_dir({"XDG_CACHE_HOME": str(tmp_path), "HOME": "/nowhere"}) == tmp_path / "safe-llama"
-    assert os.path.isabs(cache_dir({}))
-
-
 def test_check_cache_makes_a_private_root(tmp_path: Path) -> None:
     root = tmp_path / "deep" / "safe-llama"
     assert state.check_cache(root) is None
