@@ -74,6 +74,15 @@ def test_openvino_numbering_follows_its_gpu_plugin() -> None:
     assert openvino_gpu_order([o1, ARC_A770, POCL, o2, UHD770]) == [UHD770, ARC_A770, o1, o2]
 
 
+def test_openvino_puts_intels_platform_first_within_a_kind() -> None:
+    """The same kind of Intel GPU seen through two platforms (pocl's level0 driver and Intel's): Intel's first."""
+    pocl = ("Portable Computing Language", "The pocl project")
+    arc_on_pocl = cl_device(
+        ARC_A770.name, vendor_id=INTEL, max_alloc=1, memory=1, unified=False, bdf=None, platform=pocl
+    )
+    assert openvino_gpu_order([arc_on_pocl, ARC_A770]) == [ARC_A770, arc_on_pocl]
+
+
 @pytest.mark.parametrize(
     ("device", "index"),
     [
