@@ -1,4 +1,4 @@
-"""device_map: the pure mapping from a request to a device and its limits, and the host budget.
+"""device_map: the pure mapping from a request to a device and its limits.
 
 Plain values in, values out. The OpenCL devices are written from real reports (pocl here, the H200
 fixture, the seed's UHD 770 figure); the iGPU+dGPU machines are the seed's situation.
@@ -9,11 +9,8 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.device.device_map import parse_profile, resolve_target
-from safe_llama.device.host_budget import HostBudget, host_budget
 from safe_llama.device.limits import DeclaredLimits, DeviceProfile
 from safe_llama.device.list_devices import MIB, DeviceRequest, ListedDevices, parse_list_devices
-from safe_llama.device.matching import openvino_gpu_order
-from safe_llama.device.probe_host import CgroupMemory, HostMemory
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
 from safe_llama.errors import ExitStatus, SafeLlamaError
@@ -380,82 +377,6 @@ def test_vulkan_limit_is_not_guessed_from_opencl() -> None:
     assert target.opencl == UHD770  # "Intel(R) UHD Graphics 770 (ADL-S GT1)" by name prefix
     assert target.limits_alloc and target.max_alloc_bytes is None
     assert target.neo_filter == {}  # Vulkan does not go through Intel's compute runtime
-
-
-def test_openvino_numbering_follows_its_gpu_plugin() -> None:
-    """OpenVINO's own unit test (sort_order_two_vendors): Intel iGPU, Intel dGPU, then the rest in order."""
-    other = ("Other", "Other Inc.")
-    o1 = cl_device("o1", vendor_id=0x123, max_alloc=1, memory=1, unified=False, bdf=None, platform=other)
-    o2 = cl_device("o2", vendor_id=0x123, max_alloc=1, memory=1, unified=False, bdf=None, platform=other)
-    assert openvino_gpu_order([o1, ARC_A770, POCL, o2, UHD770]) == [UHD770, ARC_A770, o1, o2]
-
-
-def host(
-    *,
-    total: int = 32 * GIB,
-    available: int = 20 * GIB,
-    cgroup: CgroupMemory | None = None,
-    rlimit: int | None = None,
-) -> HostMemory:
-    return HostMemory(total_bytes=total, available_bytes=available, cgroup=cgroup, cgroup_note="test", rlimit_as=rlimit)
-
-
-def cgroup(limit: int | None, used: int, inactive: int | None = None) -> CgroupMemory:
-    return CgroupMemory(
-        version=2,
-        limit_dir="/sys/fs/cgroup/x" if limit else None,
-        max_bytes=limit,
-        current_bytes=used,
-        inactive_file_bytes=inactive,
-        current_dir="/sys/fs/cgroup/x",
-    )
-
-
-@pytest.mark.parametrize(
-    ("memory", "declared", "budget", "source", "detail"),
-    [
-        pytest.param(host(), DeclaredLimits(), 20 * GIB, "probed", "MemAvailable", id="available"),
-        pytest.param(
-            host(cgroup=cgroup(8 * GIB, 3 * GIB)),
-            DeclaredLimits(),
-            5 * GIB,
-            "probed",
-            "cgroup v2",
-            id="cgroup-headroom",
-        ),
-        pytest.param(
-            host(cgroup=cgroup(8 * GIB, 3 * GIB, inactive=GIB)),
-            DeclaredLimits(),
-            6 * GIB,
-            "probed",
-            "reclaimable",
-            id="page-cache-is-reclaimable",
-        ),
-        pytest.param(
-            host(cgroup=cgroup(None, 3 * GIB)),
-            DeclaredLimits(),
-            20 * GIB,
-            "probed",
-            "MemAvailable",
-            id="cgroup-unlimited",
-        ),
-        pytest.param(host(rlimit=3 * GIB), DeclaredLimits(), 3 * GIB, "probed", "RLIMIT_AS", id="rlimit"),
-        pytest.param(
-            host(rlimit=3 * GIB),
-            DeclaredLimits(host_memory_bytes=64 * GIB),
-            64 * GIB,
-            "declared",
-            "--host-memory",
-            id="declared",
-        ),
-    ],
-)
-def test_host_budget(memory: HostMemory, declared: DeclaredLimits, budget: int, source: str, detail: str) -> None:
-    result: HostBudget = host_budget(memory, declared)
-    assert result.budget_bytes.value == budget
-    assert result.budget_bytes.source == source
-    assert detail in result.budget_bytes.detail
-    assert result.total.value == memory.total_bytes
 
 
 def test_parse_profile_checks_types() -> None:

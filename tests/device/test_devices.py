@@ -257,18 +257,6 @@ def test_no_binary_anywhere_still_reports(
     assert (data["target"]["backend"], data["target"]["backend_device"]) == ("openvino", "GPU")
 
 
-def test_rpc_memory_is_read_per_worker() -> None:
-    from safe_llama.device.declared import declared_limits
-
-    declared = declared_limits(rpc_memory="10.0.0.2:50052=12G, [::1]:50053=512M")
-    assert declared.rpc_memory == (("10.0.0.2:50052", 12 << 30), ("[::1]:50053", 512 * MIB))
-    for bad in ("10.0.0.2:50052", "50052=1G", "10.0.0.2:50052=lots", "10.0.0.2:50052=0"):
-        with pytest.raises(SafeLlamaError) as err:
-            declared_limits(rpc_memory=bad)
-        assert err.value.status == ExitStatus.USAGE and "--rpc-memory" in err.value.message
-        assert "\n" not in err.value.message
-
-
 @pytest.mark.slow
 def test_rpc_probe_names_a_worker_that_does_not_answer(llama_bin: Path) -> None:
     from safe_llama.device.devices import probe_rpc

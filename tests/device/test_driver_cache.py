@@ -11,18 +11,12 @@ import pytest
 
 from safe_llama.device.devices import probe_llama
 from safe_llama.device.drivers import ProbeRoots, driver_state
+from tests.device.test_drivers import DRIVER_CHANGES, add_module, fake_roots
 
 
 @pytest.fixture
 def roots(tmp_path: Path) -> ProbeRoots:
-    sys_root, proc_root, dev_root = tmp_path / "sys", tmp_path / "proc", tmp_path / "dev"
-    (sys_root / "module" / "ext4").mkdir(parents=True)
-    (proc_root / "driver").mkdir(parents=True)
-    (dev_root / "dri").mkdir(parents=True)
-    icd = tmp_path / "etc" / "OpenCL" / "vendors"
-    icd.mkdir(parents=True)
-    (icd / "pocl.icd").write_text("libpocl.so.2\n")
-    return ProbeRoots(sys_root=sys_root, dev_root=dev_root, proc_root=proc_root, icd_dirs=(icd, tmp_path / "none"))
+    return fake_roots(tmp_path)
 
 
 def _probe(llama_bin: Path, env: dict[str, str], cache: Path, roots: ProbeRoots) -> bool:
@@ -32,41 +26,10 @@ def _probe(llama_bin: Path, env: dict[str, str], cache: Path, roots: ProbeRoots)
     return probe.cached
 
 
-def _module(roots: ProbeRoots, name: str) -> None:
-    (roots.sys_root / "module" / name).mkdir()
-
-
-def _nvidia_version(roots: ProbeRoots) -> None:
-    folder = roots.proc_root / "driver" / "nvidia"
-    folder.mkdir()
-    (folder / "version").write_text(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n"
-    )
-
-
-def _icd(roots: ProbeRoots) -> None:
-    (roots.icd_dirs[0] / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
-
-
-def _device_node(roots: ProbeRoots) -> None:
-    (roots.dev_root / "nvidia0").touch()
-
-
-def _render_node(roots: ProbeRoots) -> None:
-    (roots.dev_root / "dri" / "renderD128").touch()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "change",
-    [
-        pytest.param(lambda r: _module(r, "nvidia"), id="module-nvidia"),
-        pytest.param(lambda r: _module(r, "amdgpu"), id="module-amdgpu"),
-        pytest.param(_nvidia_version, id="proc-driver-nvidia-version"),
-        pytest.param(_icd, id="icd-file"),
-        pytest.param(_device_node, id="dev-nvidia0"),
-        pytest.param(_render_node, id="dev-dri-render-node"),
-    ],
+    DRIVER_CHANGES,
 )
 def test_a_driver_appearing_runs_the_listing_again(
     change: Callable[[ProbeRoots], None], llama_bin: Path, clean_env: dict[str, str], roots: ProbeRoots, tmp_path: Path
@@ -85,7 +48,7 @@ def test_other_modules_keep_the_cache(
 ) -> None:
     cache = tmp_path / "cache"
     assert not _probe(llama_bin, clean_env, cache, roots)
-    _module(roots, "btrfs")
+    add_module(roots, "btrfs")
     (roots.dev_root / "null").touch()
     assert _probe(llama_bin, clean_env, cache, roots)
 
@@ -95,7 +58,7 @@ def test_a_driver_going_away_runs_it_again(
     llama_bin: Path, clean_env: dict[str, str], roots: ProbeRoots, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    _module(roots, "nvidia")
+    add_module(roots, "nvidia")
     assert not _probe(llama_bin, clean_env, cache, roots)
     (roots.sys_root / "module" / "nvidia").rmdir()
     assert not _probe(llama_bin, clean_env, cache, roots)

@@ -522,29 +522,6 @@ def test_v_padding_width() -> None:
     assert facts.n_embd_v_gqa_max == 4 * 128
 
 
-def test_json_round_trip() -> None:
-    facts = facts_of(meta("jamba", 4, 4096, 32, attention__head_count_kv=(0, 0, 8, 0), **SSM))
-    assert facts_from_json(json.loads(json.dumps(facts_to_json(facts)))) == facts
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        pytest.param(lambda d: d.update(schema=0), id="old-schema"),
-        pytest.param(lambda d: d.pop("block_count"), id="missing-field"),
-        pytest.param(lambda d: d.update(block_count="18"), id="wrong-type"),
-        pytest.param(lambda d: d["layers"][0].pop("swa"), id="bad-layer"),
-        pytest.param(lambda d: d.update(swa_type="sideways"), id="bad-swa-type"),
-        pytest.param(lambda d: d.update(head_count=[1, True]), id="bool-in-ints"),
-    ],
-)
-def test_json_damage_is_a_value_error(damage: Any) -> None:
-    data = facts_to_json(facts_of(meta("gemma3", 6, 1152, 4, attention__sliding_window=512, **G3)))
-    damage(data)
-    with pytest.raises(ValueError, match="cached model facts"):
-        facts_from_json(data)
-
-
 def test_bundled_gemma3(bundled_model: Path) -> None:
     facts = load_model_facts(bundled_model)
     assert (facts.architecture, facts.name, facts.known_architecture) == ("gemma3", "Gemma 3 270m", True)
