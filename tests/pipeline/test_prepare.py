@@ -33,6 +33,7 @@ from safe_llama.pipeline.prepare import (
     prepare,
     replan,
 )
+from safe_llama.plan.target import Lessons
 from tests.tiny_gguf import write_tiny_gguf
 
 GIB = 1 << 30
@@ -175,6 +176,23 @@ def test_replan_with_a_lesson_is_smaller_and_reads_nothing_again(
     assert (again.facts, again.cmd, again.layout, again.device) == (first.facts, first.cmd, first.layout, first.device)
     unchanged = replan(first, HOST_4G, env)
     assert unchanged.plan is not None and final_argv(unchanged) == final_argv(first)
+
+
+def test_replan_hands_every_lesson_to_the_target(model: Path, env: dict[str, str]) -> None:
+    first = prepare("completion", ["-m", str(model), "-c", "65536"], env, HOST_4G)
+    lessons = Lessons(kv_cap=8 * MIB, compute_extra=3 * MIB, margin_scale=0.5, device_cap=GIB)
+    options = replace(HOST_4G, learned_max_alloc=64 * MIB, **vars(lessons))
+    again = replan(first, options, env)
+    assert again.target.lessons == lessons and first.target.lessons == Lessons()
+    assert again.target.max_alloc == Sourced(64 * MIB, "learned", "from the device's own error message")
+
+
+def test_replan_with_compute_missed_plans_a_smaller_context(model: Path, env: dict[str, str]) -> None:
+    tight = PlanOptions(declared=DeclaredLimits(host_memory_bytes=64 * MIB))
+    first = prepare("completion", ["-m", str(model), "-c", "65536"], env, tight)
+    again = replan(first, replace(tight, compute_extra=8 * MIB), env)
+    assert first.plan is not None and again.plan is not None
+    assert again.plan.kv.context.n_ctx < first.plan.kv.context.n_ctx
 
 
 def test_replan_below_the_floor_is_nothing_fits(model: Path, env: dict[str, str]) -> None:
