@@ -1,9 +1,8 @@
 """devices: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches,
-the device profiles in configs/devices/, and the `safe-llama devices` command."""
+the device profiles in configs/devices/ (the `safe-llama devices` command: tests/commands/test_devices.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -17,7 +16,6 @@ from safe_llama.device.devices import load_profile, load_profiles, probe_devices
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
-from safe_llama.entry import run
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
@@ -172,89 +170,6 @@ def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str
     assert (report.host.budget_bytes.value, report.host.budget_bytes.source) == (16 * GIB, "declared")
     text = render_text(report)
     assert "profile: " in text and "declared: --device-memory" in text
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = run(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    for key in list(os.environ):
-        if key not in env:
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-
-
-@pytest.mark.slow
-def test_command_on_this_machine(
-    openvino_bin: Path,
-    env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Done when `safe-llama devices` shows pocl's limits, OPENVINO0 from the OpenVINO build, the budget."""
-    use_env(monkeypatch, env)
-    code, out, _ = run_cli(["devices", "--llama-bin", str(openvino_bin)], capsys)
-    assert code == 0
-    assert "Target: OPENVINO0 (openvino CPU)" in out
-    assert "OPENVINO0  GGML_OPENVINO_DEVICE=CPU (selected)" in out
-    assert "Portable Computing Language" in out and "max alloc" in out
-    assert "Host budget:" in out
-    code, out, _ = run_cli(["devices", "--llama-bin", str(openvino_bin), "--json"], capsys)
-    assert code == 0
-    data = json.loads(out)
-    assert data["target"]["llama_name"] == "OPENVINO0"
-    assert data["host"]["budget_bytes"]["source"] == "probed"
-    assert data["llama"]["cached"] is True
-    pocl = next(d for d in data["opencl"]["devices"] if d["platform"] == "Portable Computing Language")
-    assert pocl["max_mem_alloc_size"] > 0
-
-
-@pytest.mark.slow
-def test_command_with_declared_limits(
-    llama_bin: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    use_env(monkeypatch, env)
-    argv = ["devices", "--llama-bin", str(llama_bin), "--json", "--profile", "intel-uhd-770"]
-    code, out, _ = run_cli([*argv, "--max-alloc", "2G", "--discrete"], capsys)
-    assert code == 0
-    target = json.loads(out)["target"]
-    assert target["max_alloc_bytes"] == {"value": 2 * GIB, "source": "declared", "detail": "--max-alloc"}
-    assert target["integrated"]["value"] is False
-
-
-def test_command_rejects_a_bad_size(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    use_env(monkeypatch, env)
-    code, _, err = run_cli(["devices", "--max-alloc", "lots"], capsys)
-    assert code == ExitStatus.USAGE
-    assert "--max-alloc" in err
-
-
-def test_command_names_a_missing_binary(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    use_env(monkeypatch, env)
-    code, _, err = run_cli(["devices", "--llama-bin", "/nonexistent/llama-server"], capsys)
-    assert code == ExitStatus.NOT_FOUND
-    assert "/nonexistent/llama-server" in err
-
-
-@pytest.mark.slow
-def test_no_binary_anywhere_still_reports(
-    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    use_env(monkeypatch, {**env, "PATH": "", "SAFE_LLAMA_PREFIX": env["XDG_CACHE_HOME"] + "/no-install"})
-    code, out, _ = run_cli(["devices", "--json", "--openvino-device", "GPU"], capsys)
-    assert code == 0
-    data = json.loads(out)
-    assert data["llama"] is None
-    assert "not found" in data["llama_note"]
-    assert (data["target"]["backend"], data["target"]["backend_device"]) == ("openvino", "GPU")
 
 
 @pytest.mark.slow

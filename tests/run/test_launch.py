@@ -418,19 +418,6 @@ def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple
     assert "starting from the plan with" not in loose.stderr
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", None), ("-1", None), ("2", 2), (None, 4)])
-def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> None:
-    from safe_llama.errors import SafeLlamaError
-    from safe_llama.pipeline.options import launch_options
-
-    settings = {} if value is None else {"attempts": value}
-    if expected is None:
-        with pytest.raises(SafeLlamaError, match="at least 1"):
-            launch_options(settings)
-    else:
-        assert launch_options(settings).attempts == expected
-
-
 def _bare_server_under(llama_bin: Path, args: list[str], env: dict[str, str], kib: int) -> tuple[bool, bool, str]:
     """The bare llama-server under ulimit -v kib: (logged `model loaded`, served, its log)."""
     code, log = run_server_until_ready(llama_bin, args, env, as_limit_kib=kib)
