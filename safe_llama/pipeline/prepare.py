@@ -234,8 +234,8 @@ def _prepare(
 
 
 def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> Prepared:
-    """The plan again for the same model and device, with what was learned (a device limit, a KV cap):
-    no file or device is read again."""
+    """The plan again for the same model and device, with what was learned (a device limit, a KV cap): the
+    model and the devices are not read again (the policy files are, through load_policy's cache)."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
     probed = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps).probed
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))

@@ -89,6 +89,19 @@ def test_a_number_that_is_not_one_names_where_it_was_set() -> None:
     )
 
 
+def test_a_bad_ladder_or_count_names_the_variable_it_came_from() -> None:
+    assert usage({"ladder": "ctx,bogus"}, {"ladder": "SAFE_LLAMA_LADDER"}).startswith(
+        "safe-llama: SAFE_LLAMA_LADDER: unknown step 'bogus' (one of "
+    )
+    assert usage({"attempts": "0"}, {"attempts": "SAFE_LLAMA_ATTEMPTS"}) == (
+        "safe-llama: SAFE_LLAMA_ATTEMPTS: must be at least 1"
+    )
+    assert (
+        usage({"min_ctx": "0"}, {"min_ctx": "SAFE_LLAMA_MIN_CTX"})
+        == "safe-llama: SAFE_LLAMA_MIN_CTX: must be at least 1"
+    )
+
+
 def test_a_bad_size_names_where_it_was_set() -> None:
     assert usage({"max_alloc": "4X"}) == "safe-llama: --max-alloc: '4X' is not a size (e.g. 4294959104, 512M, 4G)"
     assert usage({"host_memory": "0"}, {"host_memory": "SAFE_LLAMA_HOST_MEMORY"}) == (
