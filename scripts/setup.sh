@@ -114,7 +114,7 @@ fi
 say "pinned llama.cpp (cpu): $(PYTHON=$PY bash scripts/build-llama.sh cpu)"
 [ "$MODE" = test ] && say "pinned llama.cpp (openvino): $(PYTHON=$PY bash scripts/build-llama.sh openvino)"
 [ "$VULKAN" = yes ] && say "pinned llama.cpp (vulkan): $(PYTHON=$PY bash scripts/build-llama.sh vulkan)"
-say "bundled model: $("$PY" -c 'from safe_llama.model.bundled import bundled_model_path as p; print(p())')"
+say "bundled model: $("$PY" -c 'import os; from safe_llama.model.bundled import bundled_model_path as p; print(p(os.environ))')"
 
 if [ "$MODE" = user ]; then
   [ "$(id -u)" -eq 0 ] && install -m 0644 README.md "$PREFIX/README.md"   # the unit's Documentation=

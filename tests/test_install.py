@@ -69,8 +69,8 @@ def test_wheel_plans_and_launches_from_its_own_configs(
 ) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "XDG_CONFIG_HOME": str(tmp_path / "config"), "SAFE_LLAMA_BIN_DIR": str(llama_bin)}  # fmt: skip
-    where = _run([str(installed / "bin" / "python"), "-c", "from safe_llama.paths import configs_dir as c; print(c())"],
-                 env=env, cwd=tmp_path).stdout.strip()  # fmt: skip
+    code = "import os; from safe_llama.paths import configs_dir as c; print(c(os.environ))"
+    where = _run([str(installed / "bin" / "python"), "-c", code], env=env, cwd=tmp_path).stdout.strip()
     assert where.startswith(str(installed)) and where.endswith("safe_llama/configs")
     plan = _run([str(installed / "bin" / "safe-llama"), "plan", "--json", "server", "-m", str(bundled_model),
                  "-c", "4096"], env=env, cwd=tmp_path, timeout=120)  # fmt: skip
