@@ -27,10 +27,25 @@ if TYPE_CHECKING:
 HELP_WORDS = ("--help", "--install-completion", "--show-completion")  # answered by cli (typer)
 
 
+def _end(code: int) -> int:
+    """A console script's process ends here once its output is flushed, without tearing down every module
+    Python loaded (10-20 ms after a launch). safe-llama registers nothing to run at exit
+    (tests/test_entry.py checks that no module calls atexit), so nothing is skipped."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = 120  # what Python's own exit reports when its final flush fails
+    os._exit(code)
+
+
 def main() -> int:
     """The safe-llama console script, on this process's own argv. A link named llama-cli/-server/-completion
     behaves as that tool's drop-in."""
-    args = sys.argv[1:]
+    return _end(_main(sys.argv[1:]))
+
+
+def _main(args: list[str]) -> int:
     name = os.path.basename(sys.argv[0])
     # a launch's first word is a tool or an option (launch_args.split); a drop-in's name takes _drop_in's
     if not name.startswith("llama-") and args[:1] and (args[0] in TOOLS or args[0][:1] == "-"):
@@ -244,14 +259,14 @@ def _drop_in(tool: str, args: list[str], *, console: bool) -> int:
 
 def main_cli() -> int:
     """The safe-llama-cli console script: exactly llama-cli's arguments."""
-    return _drop_in("cli", sys.argv[1:], console=True)
+    return _end(_drop_in("cli", sys.argv[1:], console=True))
 
 
 def main_server() -> int:
     """The safe-llama-server console script: exactly llama-server's arguments."""
-    return _drop_in("server", sys.argv[1:], console=True)
+    return _end(_drop_in("server", sys.argv[1:], console=True))
 
 
 def main_completion() -> int:
     """The safe-llama-completion console script: exactly llama-completion's arguments."""
-    return _drop_in("completion", sys.argv[1:], console=True)
+    return _end(_drop_in("completion", sys.argv[1:], console=True))

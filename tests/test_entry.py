@@ -70,3 +70,38 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert entry.run(["--version"]) == 0
     assert capsys.readouterr().out == f"safe-llama {__version__}\n"
+
+
+def test_no_module_runs_anything_at_exit() -> None:
+    """The console scripts end with os._exit once stdout and stderr are flushed (entry._end): sound only while
+    nothing registers work for the interpreter's exit (atexit, or logging, which registers its shutdown)."""
+    import ast
+
+    from tests import ROOT
+
+    found = []
+    for path in sorted((ROOT / "safe_llama").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("atexit", "logging")]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "out", "err"),
+    [
+        pytest.param(["--version"], 0, "safe-llama ", "", id="version"),
+        pytest.param(["bogus"], 2, "", "unknown command 'bogus'", id="usage"),
+    ],
+)
+def test_the_console_script_flushes_and_keeps_its_exit_code(argv: list[str], code: int, out: str, err: str) -> None:
+    import subprocess
+    import sys
+
+    from tests import ROOT
+
+    script = f"import sys; sys.argv = ['safe-llama', *{argv!r}]; from safe_llama.entry import main; main()"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == code and done.stdout.startswith(out) and err in done.stderr
+    assert done.stdout.endswith("\n") or not out
