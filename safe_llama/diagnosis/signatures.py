@@ -200,15 +200,18 @@ def merge_tables(builtin: Sequence[Signature], user: Sequence[Signature]) -> Sig
     return SignatureTable(tuple(user) + tuple(sig for sig in builtin if sig.id not in user_ids))
 
 
-def load_table(extra: Path | None = None, *, builtin: Path | None = None) -> SignatureTable:
-    """The packaged table, with a user's file of signatures (if given) tried first."""
+def load_table(
+    extra: Path | None = None, *, builtin: Path | None = None, keep_in: Path | None = None
+) -> SignatureTable:
+    """The packaged table, with a user's file of signatures (if given) tried first. keep_in: the cache folder
+    where state.load_toml keeps the parsed files (a launch passes it: no tomllib on its path)."""
     builtin_path = builtin if builtin is not None else default_table_path()
     tables: list[tuple[Signature, ...]] = []
     for path in (builtin_path, extra):
         if path is None:
             continue
         try:
-            raw = state.load_toml(path)
+            raw = state.load_toml(path, keep_in)
         except OSError as err:
             raise SafeLlamaError(f"safe-llama: {path}: {err.strerror}", ExitStatus.BAD_CONFIG) from None
         except ValueError as err:

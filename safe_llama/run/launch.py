@@ -105,7 +105,9 @@ def run_attempts(
         options = replace(options, remember=False)
         say(f"{unusable}: running without caching or remembering plans", "warning")
     binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
-    table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
+    table = load_table(
+        Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
+    )
     shared = Supervision(say, Notifier(raw_env), table)
     base_env = child_env(raw_env)
     prepared, plan_options = _prepare(tool, args, env, options.plan, binary, say), options.plan
@@ -369,7 +371,9 @@ def adopted(early: Early, door_args: list[str]) -> int:
     say = Say(env)
     for message, level in early.lines:
         say(message, level)
-    table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
+    table = load_table(
+        Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
+    )
     shared = Supervision(say, Notifier(env), table)
     outcome = run_attempt(shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started)
     if not outcome.retry:
