@@ -61,8 +61,8 @@ def _main(args: list[str]) -> int:
 
 def run(args: list[str], *, console: bool = False) -> int:
     """`safe-llama ARGS`: the one place that decides which command runs. console: this is the console script's
-    own process (a launch keys a launch record on its words);
-    False for a caller inside another program (tests), which gets the exit code back."""
+    own process (a launch keys a launch record on its words); False for a caller inside another program
+    (tests), which gets the exit code back."""
     word = args[0] if args else ""
     if word == "rpc-server":
         from safe_llama.run.exits import guarded
@@ -79,10 +79,10 @@ def run(args: list[str], *, console: bool = False) -> int:
 
         sys.stdout.write(f"safe-llama {__version__}\n")
         return 0
-    if word in own_options.TOOLS or word[:1] == "-":
+    if word in TOOLS or word[:1] == "-":
         return _launch_words(args, console)
     commands = ", ".join(own_options.COMMAND_NAMES)
-    tools = ", ".join(own_options.TOOLS)
+    tools = ", ".join(TOOLS)
     sys.stderr.write(f"safe-llama: unknown command '{word}' (one of {commands}, rpc-server, or a tool: {tools})\n")
     return 2  # ExitStatus.USAGE, without importing enum for a typo
 
@@ -127,17 +127,9 @@ def _command(word: str, args: list[str]) -> int:
 
 
 def _check_tool(tool: str | None) -> str:
-    from safe_llama.cmdline.own_options import TOOLS
-    from safe_llama.errors import ExitStatus, SafeLlamaError
+    from safe_llama.cmdline.launch_args import check_tool
 
-    if tool is None:
-        raise SafeLlamaError(
-            f"safe-llama: which tool? Expected one of {', '.join(TOOLS)} (e.g. safe-llama plan server -m model.gguf)",
-            ExitStatus.USAGE,
-        )
-    if tool not in TOOLS:
-        raise SafeLlamaError(f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE)
-    return tool
+    return check_tool(tool, "(e.g. safe-llama plan server -m model.gguf)")
 
 
 def _plan(settings: Mapping[str, str], words: list[str]) -> int:

@@ -38,14 +38,18 @@ def split(argv: Sequence[str]) -> LaunchRequest | None:
     reading = read(LAUNCH, list(argv))
     if reading.help:
         return None
-    if not reading.words:
-        raise SafeLlamaError(
-            f"safe-llama: which tool? Expected one of {', '.join(TOOLS)} after the launcher options", ExitStatus.USAGE
-        )
-    tool = reading.words[0]
+    tool = check_tool(reading.words[0] if reading.words else None, "after the launcher options")
+    return LaunchRequest(tool, tuple(reading.words[1:]), reading.settings)
+
+
+def check_tool(tool: str | None, hint: str) -> str:
+    """The tool a command names, or a one-line usage error: none named (hint says where one goes), or not one
+    of TOOLS."""
+    if tool is None:
+        raise SafeLlamaError(f"safe-llama: which tool? Expected one of {', '.join(TOOLS)} {hint}", ExitStatus.USAGE)
     if tool not in TOOLS:
         raise SafeLlamaError(f"safe-llama: unknown tool '{tool}': expected one of {', '.join(TOOLS)}", ExitStatus.USAGE)
-    return LaunchRequest(tool, tuple(reading.words[1:]), reading.settings)
+    return tool
 
 
 # The config file's tables and the [launcher] keys' TOML types (a size may be a number of bytes or "4G").

@@ -19,6 +19,11 @@ def _truthy(value: str | None, default: bool) -> bool:
     return value.lower() not in ("0", "false", "no", "off")
 
 
+def _where(key: str, origins: Mapping[str, str] | None) -> str:
+    """Where a setting's value was set, for an error: its option, its SAFE_LLAMA_* variable or config.toml."""
+    return (origins or {}).get(key, "--" + key.replace("_", "-"))
+
+
 def plan_options(
     *,
     ladder: str | None,
@@ -37,8 +42,8 @@ def plan_options(
     from safe_llama.device.declared import declared_limits
     from safe_llama.plan.policy import STEPS
 
-    def where(key: str) -> str:  # where a value was set: the option, its SAFE_LLAMA_* variable or config.toml
-        return (origins or {}).get(key, "--" + key.replace("_", "-"))
+    def where(key: str) -> str:
+        return _where(key, origins)
 
     steps = None
     if ladder is not None:
@@ -62,7 +67,7 @@ def plan_options(
 
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> LaunchOptions:
     def where(key: str) -> str:
-        return (origins or {}).get(key, "--" + key.replace("_", "-"))
+        return _where(key, origins)
 
     def number(key: str) -> int | None:
         if key not in settings:
