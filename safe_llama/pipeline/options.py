@@ -42,19 +42,17 @@ def plan_options(
     from safe_llama.device.declared import declared_limits
     from safe_llama.plan.policy import STEPS
 
-    def where(key: str) -> str:
-        return _where(key, origins)
-
     steps = None
     if ladder is not None:
         steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
         bad = [s for s in steps if s not in STEPS]
         if bad:
             raise SafeLlamaError(
-                f"safe-llama: {where('ladder')}: unknown step '{bad[0]}' (one of {', '.join(STEPS)})", ExitStatus.USAGE
+                f"safe-llama: {_where('ladder', origins)}: unknown step '{bad[0]}' (one of {', '.join(STEPS)})",
+                ExitStatus.USAGE,
             )
     if min_ctx is not None and min_ctx < 1:
-        raise SafeLlamaError(f"safe-llama: {where('min_ctx')}: must be at least 1", ExitStatus.USAGE)
+        raise SafeLlamaError(f"safe-llama: {_where('min_ctx', origins)}: must be at least 1", ExitStatus.USAGE)
     declared = declared_limits(
         profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
         host_memory=host_memory, rpc_memory=rpc_memory, origins=origins,
@@ -66,9 +64,6 @@ def plan_options(
 
 
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> LaunchOptions:
-    def where(key: str) -> str:
-        return _where(key, origins)
-
     def number(key: str) -> int | None:
         if key not in settings:
             return None
@@ -76,7 +71,7 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
             return int(settings[key])
         except ValueError:
             raise SafeLlamaError(
-                f"safe-llama: {where(key)}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
+                f"safe-llama: {_where(key, origins)}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
             ) from None
 
     plan = plan_options(
@@ -97,7 +92,7 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
     if attempts is None:
         attempts = DEFAULT_ATTEMPTS
     elif attempts < 1:
-        raise SafeLlamaError(f"safe-llama: {where('attempts')}: must be at least 1", ExitStatus.USAGE)
+        raise SafeLlamaError(f"safe-llama: {_where('attempts', origins)}: must be at least 1", ExitStatus.USAGE)
     return LaunchOptions(
         plan=plan,
         predict=_truthy(settings.get("predict"), True),
