@@ -3,8 +3,9 @@ back through a close-on-exec pipe (as subprocess does, without subprocess's 20 m
 
 Owns the one implementation of the child's set-up between fork and exec (death signal, own process group
 or session, terminal foreground, default SIGPIPE/SIGXFSZ, an empty signal mask, no inherited descriptors
-but 0-2) and the signals the supervisor watches. Must stay light (os, signal, ctypes): the early start
-(early.py) runs it before anything else is imported. Must not watch the child: supervise.py does.
+but 0-2, an OOM score above the supervisor's) and the signals the supervisor watches. Must stay light (os,
+signal, ctypes): the early start (early.py) runs it before anything else is imported.
+Must not watch the child: supervise.py does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signa
 # the notify socket and watchdog are the wrapper's, not llama.cpp's (sdnotify.child_env)
 WRAPPER_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 _TIOCSCTTY = 0x540E  # termios.TIOCSCTTY on Linux, without importing termios on the pipe path
+# The supervisor must outlive its child under the kernel's OOM killer: to remember the kill, restore the
+# terminal and give the exit code. The child's oom_score_adj is the supervisor's plus this (at most 1000): in a
+# memory cgroup (a unit's MemoryMax=, a container) llama.cpp is chosen before safe-llama even while it is still
+# small. The shipped unit gives safe-llama OOMScoreAdjust=-100, so llama-server runs at 0 there, as any process.
+CHILD_OOM_SCORE_RAISE = 100
+_OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
 
 
 def forwardable() -> tuple[int, ...]:
@@ -108,6 +115,22 @@ class Proc:
         return self.returncode
 
 
+def child_oom_score_adj() -> bytes | None:
+    """What the child writes to its oom_score_adj: this process's value raised by CHILD_OOM_SCORE_RAISE
+    (at most 1000); None where there is none to read (no /proc)."""
+    try:
+        fd = os.open(_OOM_SCORE_ADJ, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        own = int(os.read(fd, 16))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return str(min(own + CHILD_OOM_SCORE_RAISE, 1000)).encode()
+
+
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -133,11 +156,12 @@ def spawn(
     args = [os.fsencode(a) for a in argv]
     envb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
     max_fd = os.sysconf("SC_OPEN_MAX")
+    oom_score = child_oom_score_adj()
     err_read, err_write = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:  # pragma: no cover -- the child: exec or _exit, never return
         try:
-            _child(prctl, parent, fds, err_write, max_fd, controlling_tty, foreground_fd)
+            _child(prctl, parent, fds, err_write, max_fd, controlling_tty, foreground_fd, oom_score)
             os.execve(program, args, envb)  # noqa: S606 -- argv as a list, never through a shell
         except BaseException as err:
             code = err.errno if isinstance(err, OSError) and err.errno else 0
@@ -211,10 +235,20 @@ def _child(
     max_fd: int,
     controlling_tty: bool,
     foreground_fd: int | None,
+    oom_score: bytes | None,
 ) -> None:  # pragma: no cover -- runs between fork and exec
     prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # type: ignore[operator]
     if os.getppid() != parent:  # the wrapper died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
+    if oom_score is not None:  # raising it needs no privilege; where it cannot be written, it stays as it is
+        try:
+            adj = os.open(_OOM_SCORE_ADJ, os.O_WRONLY)
+            try:
+                os.write(adj, oom_score)
+            finally:
+                os.close(adj)
+        except OSError:
+            pass
     if controlling_tty:
         os.setsid()
     # sources below 3 moved out of the way first, so one target's dup2 never overwrites another's source

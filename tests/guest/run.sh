@@ -28,7 +28,7 @@ install -m 0644 $P/safe-llama-server.service /etc/systemd/system/
 install -d -m 0755 /etc/safe-llama /etc/systemd/system/$unit.service.d
 install -m 0600 /dev/null /etc/safe-llama/server.env
 echo "LLAMA_ARG_MODEL=/opt/safe-llama/models/$MODEL_NAME" >/etc/safe-llama/server.env
-printf '[Service]\nMemoryMax=%s\nMemorySwapMax=0\n' "$MEMORY_MAX" >/etc/systemd/system/$unit.service.d/memory.conf
+printf '[Service]\nMemoryMax=%s\nMemorySwapMax=0\nRestartSec=30\n' "$MEMORY_MAX" >/etc/systemd/system/$unit.service.d/memory.conf
 systemctl daemon-reload
 
 # 1. READY under systemd (Type=notify: start returns once safe-llama sent READY=1)
@@ -39,6 +39,8 @@ say state=$(systemctl show -P ActiveState $unit) substate=$(systemctl show -P Su
 say memory_max=$(cat $cg/memory.max)
 say controllers=$(tr ' ' , </sys/fs/cgroup/cgroup.controllers)
 say pid1=$(cat /proc/1/comm)
+main=$(systemctl show -P MainPID $unit); server=$(pgrep -x llama-server | head -n 1)
+say oom_adj_supervisor=$(cat /proc/$main/oom_score_adj) oom_adj_server=$(cat /proc/${server:-0}/oom_score_adj 2>/dev/null)
 journalctl -u $unit -o cat --no-pager | grep '^safe-llama' | sed 's/^/PLAN /'
 
 # 2. a request under the limit: one that fills the context (FILL=full; under software emulation a 12k-cell
@@ -48,9 +50,18 @@ say fill_rc=$?
 say peak_after_fill=$(cat $cg/memory.peak 2>/dev/null || echo none)
 say oom_kills_after_fill=$(sed -n 's/^oom_kill //p' $cg/memory.events)
 
-# 3. a kill for lack of memory (the limit lowered under the running server: the kernel's OOM killer, which may end
-# the supervisor as well as llama-server while the group is above the new limit), then Restart=
+# 3. a kill for lack of memory once ready: the limit lowered under the running server. The kernel's OOM killer takes
+# llama-server (the unit's OOMScoreAdjust= keeps safe-llama below it); safe-llama sees it, remembers it for the
+# plan's key and exits 137. The limit is put back while Restart= waits (RestartSec= raised by this test's drop-in),
+# so the restart has the first key again and plans below the plan that was killed.
 systemctl set-property --runtime $unit MemoryMax="$MEMORY_MAX_AFTER"
+for i in $(seq 1 300); do
+  [ "$(systemctl show -P SubState $unit)" = auto-restart ] && break
+  sleep 1
+done
+say substate_after_kill=$(systemctl show -P SubState $unit) exit_code_after_kill=$(systemctl show -P ExecMainCode $unit) \
+  exit_status_after_kill=$(systemctl show -P ExecMainStatus $unit)
+systemctl set-property --runtime $unit MemoryMax="$MEMORY_MAX"
 for i in $(seq 1 600); do
   [ "$(systemctl show -P NRestarts $unit)" -ge 1 ] && [ "$(systemctl show -P ActiveState $unit)" = active ] && break
   sleep 1
@@ -59,7 +70,6 @@ say restarts=$(systemctl show -P NRestarts $unit) state_after_restart=$(systemct
 say memory_max_after=$(cat $cg/memory.max)
 journalctl -u $unit -o cat --no-pager | grep '^safe-llama' | sed 's/^/PLAN /'
 python3 $P/fill.py 8080 after_restart props; say after_restart_props_rc=$?
-say oom_kills_after_restart=$(sed -n 's/^oom_kill //p' $cg/memory.events)
 
 # 4. SIGTERM: systemctl stop, and how it ended
 t0=$(now)
