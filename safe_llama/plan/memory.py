@@ -289,7 +289,7 @@ def allocations(
     host = places.get("host", {})
     draft = layout.draft.facts if layout.draft else None
     host_other = sum(v for k, v in host.items() if k not in ("weights", "draft_weights", *_GROWS_IN_USE))
-    # what llama-server grows into while it serves: counted in a cgroup's charge once its size is set
+    # what llama-server grows into while it serves: counted in a cgroup's charge or a declared budget once set
     # the prompt cache is charged beyond its -cram (policy: prompt_cache_charge)
     cache_charged = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
     in_use = (cache_charged if layout.prompt_cache_set else 0) + (
@@ -324,11 +324,16 @@ def allocations(
             overhead = policy.per_backend(policy.process_overhead, target.backend)
             overhead += policy.process_per_vocab_token * (facts.vocab_size + (draft.vocab_size if draft else 0))
             overhead += policy.process_per_cell * kv.context.n_ctx
+            # a cgroup's limit and a declared host budget are the server's for good (free RAM is what other
+            # programs leave now): what it grows into while serving is sized into them (plan.serving)
+            grows_here = limit.kind == "cgroup" or limit.budget.source == "declared"
+            if grows_here:
+                overhead += in_use
             if limit.kind == "cgroup":
                 # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
                 # group and grows past what was charged when it probed), what a request that fills the context
                 # adds to the server, and what the server grows into while it serves
-                overhead += policy.supervisor_bytes + in_use
+                overhead += policy.supervisor_bytes
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
@@ -337,7 +342,7 @@ def allocations(
             usable = int(budget * (1 - fraction))
             margin_bytes, margin_fraction = 0, fraction
             parts = ("process",) + (("weights",) if weights else ()) + ("kv", "compute")
-            parts += ("prompt_cache", "checkpoints") if in_use and limit.kind == "cgroup" else ()
+            parts += ("prompt_cache", "checkpoints") if in_use and grows_here else ()
         out.append(
             Allocation(
                 "host total", "host", overhead + weights + host_other, usable, n_ctx, limit.kind, limit.budget,
@@ -375,7 +380,7 @@ def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int, device: str
 
 _PLAIN = frozenset({"weights", "kv", "compute"})
 
-# llama-server's host memory that grows with use (counted in a cgroup's charge only once its size is set)
+# llama-server's host memory that grows with use (counted under a cgroup or a declared budget once its size is set)
 _GROWS_IN_USE = ("prompt_cache", "checkpoints")
 
 

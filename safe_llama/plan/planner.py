@@ -213,15 +213,23 @@ def _fit_off(inputs: Inputs, state: State, user_fit_set: bool) -> State:
 def _serving_step(
     facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy, allocs: Sequence[Allocation]
 ) -> tuple[LlamaSettings, Step, dict[str, str | bool]] | None:
-    """Under a cgroup limit, llama-server's prompt cache and context checkpoints sized to what the plan leaves
-    (plan.serving); None when there is nothing to set (not a server, no cgroup limit, the user set both)."""
+    """Under a cgroup limit or a declared host budget (--host-memory: what the user says the server may have),
+    llama-server's prompt cache and context checkpoints sized to what the plan leaves (plan.serving); None when
+    there is nothing to set (not a server, no such limit, the user set both). Free RAM alone does not size them:
+    it is what other programs leave now, not a limit."""
     layout = settings.layout
-    cgroup = [a.limit - a.bytes for a in allocs if a.host_kind == "cgroup"]
-    if settings.kv.tool != "server" or not cgroup or (layout.prompt_cache_set and layout.ctx_checkpoints_set):
+    budgets = [(a.limit - a.bytes, "the cgroup's limit") for a in allocs if a.host_kind == "cgroup"]
+    budgets += [
+        (a.limit - a.bytes, "the declared host memory")
+        for a in allocs
+        if a.host_kind == "ram" and a.source is not None and a.source.source == "declared"
+    ]
+    if settings.kv.tool != "server" or not budgets or (layout.prompt_cache_set and layout.ctx_checkpoints_set):
         return None
     kv = plan_kv(facts, settings.kv)
+    leftover, budget = min(budgets)
     chosen = size_serving(
-        min(cgroup),
+        leftover,
         kv.context.n_seq_max,
         checkpoint_bytes(facts, kv),
         user_cache_ram_mib=layout.prompt_cache_mib if layout.prompt_cache_set else None,
@@ -229,6 +237,7 @@ def _serving_step(
         default_cache_ram_mib=DEFAULT_CACHE_RAM_MIB,
         default_ctx_checkpoints=DEFAULT_CTX_CHECKPOINTS,
         cache_charge=policy.prompt_cache_charge,
+        budget=budget,
     )
     if not chosen.reason:
         return None

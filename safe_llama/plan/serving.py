@@ -1,6 +1,7 @@
 """What llama-server grows into while it serves, beyond what it allocates at start: its prompt cache
 (--cache-ram, 8192 MiB by default) and each slot's context checkpoints (--ctx-checkpoints, 32 by default),
-both in host memory. Under a cgroup limit they get what the plan leaves free; a user's value is kept.
+both in host memory. Under a cgroup limit or a declared host budget (--host-memory) they get what the plan
+leaves free; a user's value is kept.
 
 Owns the size of one checkpoint and the choice of the two values; must not choose the context (the planner
 does) nor place anything (plan.memory counts them)."""
@@ -50,10 +51,11 @@ def size_serving(
     default_cache_ram_mib: int,
     default_ctx_checkpoints: int,
     cache_charge: float = 1.0,
+    budget: str = "the cgroup's limit",
 ) -> Serving:
-    """The values that fit in `leftover` bytes (what the cgroup's limit, less its margin, leaves once the plan's
-    process, KV and compute are charged): the checkpoints first (up to llama.cpp's default; they spare a
-    sliding-window or recurrent model whole prompt re-evaluations), then the prompt cache in whole MiB (up to
+    """The values that fit in `leftover` bytes (what the budget, less its margin, leaves once the plan's
+    process, KV and compute are charged; `budget` names it): the checkpoints first (up to llama.cpp's default;
+    they spare a sliding-window or recurrent model whole prompt re-evaluations), then the prompt cache in whole MiB (up to
     llama.cpp's default), each MiB of it charged `cache_charge` MiB. A value the user gave is kept (the planner
     counted it already)."""
     room = max(leftover, 0)
@@ -78,7 +80,7 @@ def size_serving(
     reason = ""
     if words:
         reason = (
-            f"{' and '.join(words)}: what the cgroup's limit leaves ({human(max(leftover, 0))}) once the process, KV "
+            f"{' and '.join(words)}: what {budget} leaves ({human(max(leftover, 0))}) once the process, KV "
             "and compute of a full request are charged; both grow while the server runs"
         )
     return Serving(cache, checkpoints, reason)

@@ -122,3 +122,30 @@ def test_a_users_cache_is_counted_against_the_cgroup(wide: ModelFacts, policy: P
     assert without.kv.total_bytes - kept.kv.total_bytes >= 64 * MIB - 16 * 1024 * 256
     with pytest.raises(SafeLlamaError, match="prompt cache"):
         plan(wide, request, _cgroup(256), policy, layout=Layout(prompt_cache_mib=8192, prompt_cache_set=True))
+
+
+def _declared(mib: int) -> Target:
+    limit = HostLimit("ram", Sourced(mib * MIB, "declared", "--host-memory"))
+    return Target(backend="cpu", host_budget=limit.budget, host_limits=(limit,))
+
+
+def test_a_declared_host_budget_sizes_both_as_a_cgroup_does(swa: ModelFacts, policy: Policy) -> None:
+    """--host-memory is the server's for good, as a cgroup's limit: the cache and checkpoints are sized into it
+    and counted in its total (free RAM alone sizes neither: test_no_cgroup_no_change)."""
+    request = KvRequest(tool="server", n_ctx=8192, n_parallel=4)
+    decided = plan(swa, request, _declared(512), policy, layout=Layout(prompt_cache_mib=8192, ctx_checkpoints=32))
+    changes = decided.argv_changes
+    assert int(str(changes["--cache-ram"])) < 8192 and 0 < int(str(changes["--ctx-checkpoints"])) <= 32
+    (step,) = [step for step in decided.steps if step.name == "serving"]
+    assert "what the declared host memory leaves" in step.reason
+    (total,) = [a for a in decided.allocations if a.buffer == "host total"]
+    assert "prompt cache and checkpoints" in total.name and total.fits
+    assert total.limit - total.bytes < MIB * policy.prompt_cache_charge
+
+
+def test_a_users_cache_is_counted_against_a_declared_budget(wide: ModelFacts, policy: Policy) -> None:
+    request = KvRequest(tool="server", n_ctx=8192)
+    with pytest.raises(SafeLlamaError, match="prompt cache"):
+        plan(wide, request, _declared(512), policy, layout=Layout(prompt_cache_mib=8192, prompt_cache_set=True))
+    kept = plan(wide, request, _declared(512), policy, layout=Layout(prompt_cache_mib=64, prompt_cache_set=True))
+    assert "--cache-ram" not in kept.argv_changes and kept.fits
