@@ -55,9 +55,9 @@ def size_serving(
 ) -> Serving:
     """The values that fit in `leftover` bytes (what the budget, less its margin, leaves once the plan's
     process, KV and compute are charged; `budget` names it): the checkpoints first (up to llama.cpp's default;
-    they spare a sliding-window or recurrent model whole prompt re-evaluations), then the prompt cache in whole MiB (up to
-    llama.cpp's default), each MiB of it charged `cache_charge` MiB. A value the user gave is kept (the planner
-    counted it already)."""
+    they spare a sliding-window or recurrent model whole prompt re-evaluations), then the prompt cache in whole
+    MiB (up to llama.cpp's default), each MiB of it charged `cache_charge` MiB. A value the user gave is kept
+    (the planner counted it already)."""
     room = max(leftover, 0)
     words = []
     checkpoints = None
