@@ -130,13 +130,13 @@ def main() -> int:
     SUPERVISED = not opts.bare
     bin_dir = pinned_bin_dir("cpu", os.environ)
     work = Path(tempfile.mkdtemp())
-    models = {
-        "bundled": bundled_model_path(os.environ),
-        "llama": write_tiny_gguf(work / "llama.gguf", arch="llama", n_layer=4, n_head=8, n_head_kv=4, head_dim=64,
-                                 n_ff=1024, n_ctx_train=1 << 20, name="small-llama"),
+    models = {  # made when a row names them (the bundled model needs its package only then)
+        "bundled": lambda: bundled_model_path(os.environ),
+        "llama": lambda: write_tiny_gguf(work / "llama.gguf", arch="llama", n_layer=4, n_head=8, n_head_kv=4,
+                                         head_dim=64, n_ff=1024, n_ctx_train=1 << 20, name="small-llama"),
         # 16 KiB of f16 KV per cell on tiny weights: the context is nearly all of the charge
-        "wide": write_tiny_gguf(work / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
-                                n_ff=128, n_ctx_train=1 << 20, name="wide-kv"),
+        "wide": lambda: write_tiny_gguf(work / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512,
+                                        n_embd=64, n_ff=128, n_ctx_train=1 << 20, name="wide-kv"),
     }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     env |= {"SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(work), "PYTHONPATH": str(ROOT)}
@@ -146,7 +146,7 @@ def main() -> int:
     for row in opts.rows.split(","):
         key, mib = row.split(":")
         limit = Limit("cgroup", int(mib) * MIB)
-        plan, first, _ = plan_and_launch(models[key], limit, env)
+        plan, first, _ = plan_and_launch(models[key](), limit, env)
         decision = plan["decision"]
         assert isinstance(decision, dict)
         argv = [str(a) for a in decision["argv"]]

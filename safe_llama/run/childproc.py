@@ -27,8 +27,10 @@ _TIOCSCTTY = 0x540E  # termios.TIOCSCTTY on Linux, without importing termios on 
 # The supervisor must outlive its child under the kernel's OOM killer: to remember the kill, restore the
 # terminal and give the exit code. The child's oom_score_adj is the supervisor's plus this (at most 1000): in a
 # memory cgroup (a unit's MemoryMax=, a container) llama.cpp is chosen before safe-llama even while it is still
-# small. The shipped unit gives safe-llama OOMScoreAdjust=-100, so llama-server runs at 0 there, as any process.
+# small. A supervisor at -1000 (OOM_SCORE_ADJ_MIN: never killed; the shipped unit's OOMScoreAdjust=) gives its
+# child 0 instead: a process the killer may not take that holds gigabytes makes it take everything else.
 CHILD_OOM_SCORE_RAISE = 100
+_NEVER_KILLED = -1000
 _OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
 
 
@@ -117,7 +119,7 @@ class Proc:
 
 def child_oom_score_adj() -> bytes | None:
     """What the child writes to its oom_score_adj: this process's value raised by CHILD_OOM_SCORE_RAISE
-    (at most 1000); None where there is none to read (no /proc)."""
+    (at most 1000), or 0 under a supervisor the killer never takes; None where there is none to read."""
     try:
         fd = os.open(_OOM_SCORE_ADJ, os.O_RDONLY)
     except OSError:
@@ -128,7 +130,7 @@ def child_oom_score_adj() -> bytes | None:
         return None
     finally:
         os.close(fd)
-    return str(min(own + CHILD_OOM_SCORE_RAISE, 1000)).encode()
+    return str(0 if own == _NEVER_KILLED else min(own + CHILD_OOM_SCORE_RAISE, 1000)).encode()
 
 
 def spawn(

@@ -1,6 +1,6 @@
 """In the guest: one request whose prompt fills llama-server's context (its /props n_ctx), on loopback; prints
 GUEST lines with what happened. Exit 0: answered 200. A third argument "props": only its n_ctx; "short": a
-64-token prompt."""
+64-token prompt; a number: a prompt of that many tokens."""
 
 import json
 import sys
@@ -24,7 +24,8 @@ n_ctx = int(props["default_generation_settings"]["n_ctx"])
 print(f"GUEST {label}_n_ctx={n_ctx}", flush=True)
 if sys.argv[3:] == ["props"]:  # only what the server planned
     sys.exit(0)
-length = 64 if sys.argv[3:] == ["short"] else n_ctx - 16
+how = sys.argv[3] if sys.argv[3:] else "full"
+length = 64 if how == "short" else int(how) if how.isdigit() else n_ctx - 16
 prompt = [300 + i % 25 for i in range(length)]  # token ids past the byte tokens: one cell each
 body = json.dumps({"prompt": prompt, "n_predict": 2, "cache_prompt": False}).encode()
 started = time.monotonic()

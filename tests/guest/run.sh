@@ -44,8 +44,8 @@ say oom_adj_supervisor=$(cat /proc/$main/oom_score_adj) oom_adj_server=$(cat /pr
 journalctl -u $unit -o cat --no-pager | grep '^safe-llama' | sed 's/^/PLAN /'
 
 # 2. a request under the limit: one that fills the context (FILL=full; under software emulation a 12k-cell
-# prompt takes longer than CI has), or a short one that shows it serves (FILL=short)
-if [ "${FILL:-short}" = full ]; then python3 $P/fill.py 8080 first; else python3 $P/fill.py 8080 first short; fi
+# prompt takes longer than CI has), or a short one that shows it serves (FILL=short), or FILL=N tokens
+python3 $P/fill.py 8080 first "${FILL:-short}"
 say fill_rc=$?
 say peak_after_fill=$(cat $cg/memory.peak 2>/dev/null || echo none)
 say oom_kills_after_fill=$(sed -n 's/^oom_kill //p' $cg/memory.events)
@@ -66,6 +66,7 @@ for i in $(seq 1 600); do
   [ "$(systemctl show -P NRestarts $unit)" -ge 1 ] && [ "$(systemctl show -P ActiveState $unit)" = active ] && break
   sleep 1
 done
+journalctl -k -o cat --no-pager | grep -E 'Killed process|invoked oom-killer|no killable' | sed 's/^/KERNEL /'
 say restarts=$(systemctl show -P NRestarts $unit) state_after_restart=$(systemctl show -P ActiveState $unit)
 say memory_max_after=$(cat $cg/memory.max)
 journalctl -u $unit -o cat --no-pager | grep '^safe-llama' | sed 's/^/PLAN /'

@@ -98,7 +98,7 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     assert got["oom_kills_after_fill"] == "0"
     assert int(got["peak_after_fill"]) <= MEMORY_MAX
     # the kernel's OOM killer takes llama-server before safe-llama (the unit's OOMScoreAdjust=, the child's raise)
-    assert (got["oom_adj_supervisor"], got["oom_adj_server"]) == ("-100", "0")
+    assert (got["oom_adj_supervisor"], got["oom_adj_server"]) == ("-1000", "0")
     # the limit lowered under it: llama-server killed, safe-llama survives, remembers and exits 137 for Restart=
     assert (got["exit_code_after_kill"], got["exit_status_after_kill"]) == ("exited", "137"), got
     assert any("killed for lack of memory after it was ready" in line for line in plan_lines), plan_lines
