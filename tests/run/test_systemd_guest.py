@@ -2,8 +2,9 @@
 scripts/guest-image.sh from Debian's packages, booted by qemu-system-x86_64 with software emulation (TCG), as
 this machine has neither systemd as PID 1 nor a v2 memory controller. safe-llama is installed there from a
 wheel as the README says; the wide-KV model is served under MemoryMax=256M; the limit lowered for a while gets
-llama-server OOM-killed once ready, and safe-llama (never the killer's choice) remembers it for the restart. Slow (minutes: the image is made
-once and cached; the guest boots in about 40 s, installs from the wheels in minutes, all emulated); needs root."""
+llama-server OOM-killed once ready, and safe-llama (never the killer's choice) remembers it for the restart.
+Slow (minutes: the image is made once and cached; the guest boots in about 40 s, installs from the wheels in
+minutes, all emulated; about 4 min in all with the image made); needs root."""
 
 from __future__ import annotations
 
