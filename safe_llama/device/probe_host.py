@@ -187,9 +187,10 @@ def oom_counter_sources(
     this process's cgroup and each parent (a parent's limit binds its children) and the whole machine.
 
     cgroup v2 memory.events oom_kill; v1 memory.oom_control oom_kill and memory.failcnt (the limit was hit);
-    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved).
+    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved). The group's own first: the evidence
+    named is the first counter that rose, and the machine-wide one rises for any group's kill.
     """
-    sources: list[tuple[str, str | None]] = [(str(vmstat), "oom_kill")]
+    sources: list[tuple[str, str | None]] = []
     text = _read(proc_cgroup) or ""
     entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
     places: list[tuple[Path, str, tuple[tuple[str, str | None], ...]]] = []
@@ -208,6 +209,7 @@ def oom_counter_sources(
             if directory == base or base not in directory.parents:
                 break
             directory = directory.parent
+    sources.append((str(vmstat), "oom_kill"))
     return sources
 
 

@@ -177,3 +177,6 @@ def test_oom_counters_and_evidence(tmp_path: Path) -> None:
     assert oom_evidence(before, read()) is None
     (leaf.parent / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 6\n")
     assert oom_evidence(before, read()) == f"{leaf.parent}/memory.oom_control oom_kill rose from 5 to 6"
+    # the kernel counts the kill machine-wide as well: the evidence named is the group's own counter
+    vmstat.write_text("nr_free_pages 1\noom_kill 8\n")
+    assert oom_evidence(before, read()) == f"{leaf.parent}/memory.oom_control oom_kill rose from 5 to 6"
