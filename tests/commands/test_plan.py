@@ -56,7 +56,11 @@ def test_the_json_result(capsys: pytest.CaptureFixture[str], env: dict[str, str]
     assert result["model"]["path"] == str(model) and not result["model"]["bundled"] and result["model"]["downloaded"]
     assert result["model"]["source"] == {"kind": "model", "spec": str(model), "path": str(model), "where": "-m",
                                          "mmproj": None}  # fmt: skip
-    assert result["decision"]["argv"] == ["-m", str(model), "-c", "8192", "-fit", "off"]
+    # the declared 4 GiB is the server's for good: its prompt cache is sized into what the plan leaves of it
+    argv = result["decision"]["argv"]
+    assert argv[:6] == ["-m", str(model), "-c", "8192", "-fit", "off"] and argv[6] == "-cram"
+    assert 0 < int(argv[7]) < 8192 and len(argv) == 8
+    assert any("what the declared host memory leaves" in reason for reason in result["decision"]["reasons"])
     assert result["target"]["host_budget"] == {"bytes": 4 * GIB, "source": "declared", "detail": "--host-memory"}
     assert result["kv"]["n_ctx"] == 8192 and result["kv"]["total_bytes"] == 8192 * 256
     assert list(result["memory"]) == ["host"] and result["memory"]["host"]["kv"] == 8192 * 256
@@ -69,7 +73,7 @@ def test_the_text_result(capsys: pytest.CaptureFixture[str], env: dict[str, str]
     assert (code, err) == (0, "")
     lines = text.splitlines()
     assert lines[0] == f"model   {model}" and lines[2].startswith("context n_ctx 1024 (1024 per sequence)")
-    assert lines[-1] == f"argv: -m {model} -c 1024 -fit off"
+    assert lines[-1].startswith(f"argv: -m {model} -c 1024 -fit off -cram ")  # the cache sized to --host-memory
     assert not any("per sequence is above" in line for line in lines)  # 1024 is within the trained 2048
 
 
