@@ -494,3 +494,27 @@ def _kv_of(model: Path, n_ctx: int) -> int:
     from safe_llama.model.kv import KvRequest, plan_kv
 
     return plan_kv(load_model_facts(model), KvRequest("server", n_ctx=n_ctx)).total_bytes
+
+
+@pytest.mark.parametrize(("killed", "kept"), [("memory.events oom_kill rose from 0 to 1", False), (None, True)])
+def test_an_early_start_killed_for_memory_once_ready_drops_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, killed: str | None, kept: bool
+) -> None:
+    """A launch record's plan that the OOM killer ended once ready is never started early again (the next launch
+    plans); a clean end keeps it. The attempt itself is stubbed: only what adopted() does with its outcome."""
+    from safe_llama.run import childproc, early, launch
+    from safe_llama.run.supervise import Outcome
+
+    record_file = tmp_path / "record.marshal"
+    record_file.write_bytes(b"a record")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    started = childproc.Started(0, -1, None, {}, False, set())
+    adopted = early.Early("safe-llama", started, ["llama-server"], {}, {"lines": [], "tool": "server",
+                          "status": "attempt 1"}, str(record_file))  # fmt: skip
+    outcome = Outcome(exit_code=137 if killed else 0, returncode=-9 if killed else 0, ready=True, failure=None,
+                      stopped_by_us=False, user_stop_signal=None, signals_forwarded=(), pid=1, used_pty=False,
+                      killed_for_memory=killed)  # fmt: skip
+    monkeypatch.setattr(launch, "run_attempt", lambda *args, **kwargs: outcome)
+    assert launch.adopted(adopted, []) == outcome.exit_code
+    assert record_file.exists() is kept
