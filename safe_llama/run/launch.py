@@ -378,14 +378,13 @@ def adopted(early: Early, door_args: list[str]) -> int:
     outcome = run_attempt(shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started)
     from safe_llama.run import fast_record
 
-    if outcome.killed_for_memory is not None:  # the recorded plan was killed once ready: never started early again
+    if outcome.retry or outcome.killed_for_memory is not None:  # the recorded plan failed for memory: next, plan
         fast_record.drop(early.path)
     if not outcome.retry:
         return outcome.exit_code
     from safe_llama.cmdline import launch_args
     from safe_llama.pipeline.options import launch_options
 
-    fast_record.drop(early.path)
     if early.door == tool:  # a drop-in door: its words are the tool's
         args, given = list(door_args), {}
     else:
