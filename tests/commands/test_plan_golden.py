@@ -38,11 +38,13 @@ GOLDEN_EXTRA: list[dict[str, Any]] = [
     {"id": "x: cli -ctk q4_0 -ctv q4_0", "tool": "cli", "host_memory": "2G",
      "args": ["-m", "~/model.gguf", "-c", "8192", "-ctk", "q4_0", "-ctv", "q4_0"]},
     {"id": "x: -fa off", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "1000000", "-fa", "off"]},
-    {"id": "x: -np 16 -no-kvu", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "65536", "-np", "16", "-no-kvu"]},
+    {"id": "x: -np 16 -no-kvu", "host_memory": "1G",
+     "args": ["-m", "~/model.gguf", "-c", "65536", "-np", "16", "-no-kvu"]},
     {"id": "x: -ub 4096 -b 4096", "host_memory": "4G", "args": ["-m", "~/model.gguf", "-c", "32768", "-ub", "4096",
                                                         "-b", "4096"]},
     {"id": "x: --fit on", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "1000000", "--fit", "on"]},
-    {"id": "x: serving step under a declared budget", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "8192"]},
+    {"id": "x: serving step under a declared budget", "host_memory": "1G",
+     "args": ["-m", "~/model.gguf", "-c", "8192"]},
     {"id": "x: user -cram counted", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "8192", "-cram", "100"]},
     {"id": "x: user -ctxcp", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "8192", "-ctxcp", "4"]},
     {"id": "x: openvino igpu -c 65536 (stateful)", "profile": "intel-uhd-770", "host_memory": "16G",
@@ -53,7 +55,8 @@ GOLDEN_EXTRA: list[dict[str, Any]] = [
      "args": ["-m", "~/model.gguf", "-c", "2000000", "-ngl", "99"]},
     {"id": "x: h200 declared 1G device -ngl 99", "profile": "nvidia-h200", "device_memory": "1G", "host_memory": "64G",
      "args": ["-m", "~/model.gguf", "-c", "2000000", "-ngl", "99"]},
-    {"id": "x: declared max alloc", "max_alloc": "64M", "host_memory": "8G", "args": ["-m", "~/model.gguf", "-c", "200000"]},
+    {"id": "x: declared max alloc", "max_alloc": "64M", "host_memory": "8G",
+     "args": ["-m", "~/model.gguf", "-c", "200000"]},
     {"id": "x: ladder ctx only", "ladder": "ctx", "host_memory": "1G", "args": ["-m", "~/model.gguf", "-c", "4000000"]},
     {"id": "x: min-ctx above what fits", "min_ctx": 3000000, "host_memory": "1G",
      "args": ["-m", "~/model.gguf", "-c", "4000000"]},
@@ -88,26 +91,26 @@ GOLDEN_EXTRA: list[dict[str, Any]] = [
 PLANNED = [c for c in CASES if c["model"] not in ("pass-through", "bundled")] + GOLDEN_EXTRA
 
 
-def _plan(world: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def _plan(home: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
           ) -> dict[str, Any]:  # fmt: skip
     monkeypatch.setattr("safe_llama.device.devices.probe_host", lambda **_: HOST)
     monkeypatch.setattr(
         "safe_llama.device.devices.probe_sysfs", lambda **_: SysfsReport(gpus=(), render_nodes=(), note="")
     )
     monkeypatch.setattr("safe_llama.device.probe_free.nvidia_driver_loaded", lambda *_: False)
-    monkeypatch.chdir(world / "work" if any(a.startswith("../") for a in case["args"]) else world)
+    monkeypatch.chdir(home / "work" if any(a.startswith("../") for a in case["args"]) else home)
     profile = case.get("profile", "nvidia-h200" if case.get("target") == "h200" else None)
     options = plan_options(
         ladder=case.get("ladder"), min_ctx=case.get("min_ctx"), profile=profile, max_alloc=case.get("max_alloc"),
         device_memory=case.get("device_memory"), integrated=None, host_memory=case.get("host_memory", "64G"),
         llama_bin=None, llama_version=case.get("llama_version", "0.6.0-dev"), kv_split=None,
     )  # fmt: skip
-    env = {"HOME": str(world), "PATH": "/nonexistent", "XDG_CONFIG_HOME": str(world / "config"),
-           "XDG_CACHE_HOME": str(world / "golden-cache"), "SAFE_LLAMA_PREFIX": str(world / "no-prefix"),
+    env = {"HOME": str(home), "PATH": "/nonexistent", "XDG_CONFIG_HOME": str(home / "config"),
+           "XDG_CACHE_HOME": str(home / "golden-cache"), "SAFE_LLAMA_PREFIX": str(home / "no-prefix"),
            **case.get("env", {})}  # fmt: skip
-    code = plan_command(tool=case.get("tool", "server"), args=_args(world, case), json_out=True, options=options,
+    code = plan_command(tool=case.get("tool", "server"), args=_args(home, case), json_out=True, options=options,
                         env=env)  # fmt: skip
-    out = capsys.readouterr().out.replace(str(world), "~").replace(str(ROOT), "<repo>")
+    out = capsys.readouterr().out.replace(str(home), "~").replace(str(ROOT), "<repo>")
     return {"exit": code, "json": json.loads(out)}
 
 
