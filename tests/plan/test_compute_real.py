@@ -75,7 +75,7 @@ def test_cuda_quantized_kv_copies_match_the_h200_recording(tmp_path: Path) -> No
     log = FIXTURE.read_text()
     asked = int(re.findall(r"failed to allocate CUDA0 buffer of size (\d+)", log)[0])
     model = write_tiny_gguf(tmp_path / "big.gguf", n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64,
-                            n_ctx_train=2_000_000)  # fmt: skip
+                            n_ctx_train=2_000_000, sparse=True)  # fmt: skip
     facts = load_model_facts(model)
     argv = ["-m", str(model), "-c", "2000128", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "-np", "1"]
     req = to_request(parse("server", argv, {})).kv

@@ -36,9 +36,10 @@ HOST = 134_463_045_632  # psutil MemAvailable there (125.23 GiB), as safe-llama'
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The recorded model: random weights, 8 layers x 16 KV heads x 256 (128 KiB of f16 KV per token)."""
+    """The recorded model's header (random weights there; sparse here: planning reads the header and the size),
+    8 layers x 16 KV heads x 256 (128 KiB of f16 KV per token)."""
     return write_tiny_gguf(tmp_path_factory.mktemp("gpu") / "big.gguf", n_layer=8, n_head=16, n_head_kv=16,
-                           head_dim=256, n_ff=64, n_ctx_train=2_000_000)  # fmt: skip
+                           head_dim=256, n_ff=64, n_ctx_train=2_000_000, sparse=True)  # fmt: skip
 
 
 def _h200(on_gpu: bool = True) -> Target:
