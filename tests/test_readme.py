@@ -1,5 +1,5 @@
 """The README documents every console command, every command of `safe-llama`, every option its help
-lists, the launcher options and their SAFE_LLAMA_* variables, and the exit codes."""
+lists, the launcher options and their SAFE_LLAMA_* variables (the exit codes: tests/test_errors.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import typer.main
 
 from safe_llama.cli import app
 from safe_llama.cmdline.launch_args import ENV, LAUNCHER
-from safe_llama.errors import ExitStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -40,13 +39,6 @@ def test_root_options_launcher_options_and_variables() -> None:
     assert [o for p in GROUP.params for o in p.opts if not _mentioned(o)] == []
     assert [o.names[0] for o in LAUNCHER if not _mentioned(o.names[0])] == []
     assert [v for v in ENV.values() if not _mentioned(v)] == []
-
-
-def test_exit_codes_table() -> None:
-    table = README[README.index("## Exit codes") :]
-    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| ")]
-    documented = {int(code) for row in rows for code in re.findall(r"\d+", row)}
-    assert {int(s) for s in ExitStatus} - documented == set()
 
 
 def test_every_planner_key_is_listed() -> None:
