@@ -35,7 +35,9 @@ def _end(code: int) -> int:
         try:
             stream.flush()
         except (OSError, ValueError):
-            code = 120  # what Python's own exit reports when its final flush fails
+            from safe_llama.errors import ExitStatus  # only then: enum stays off every launch's way out
+
+            code = int(ExitStatus.UNWRITABLE)
     os._exit(code)
 
 
@@ -83,8 +85,10 @@ def run(args: list[str], *, console: bool = False) -> int:
         return _launch_words(args, console)
     commands = ", ".join(own_options.COMMAND_NAMES)
     tools = ", ".join(TOOLS)
+    from safe_llama.errors import ExitStatus
+
     sys.stderr.write(f"safe-llama: unknown command '{word}' (one of {commands}, rpc-server, or a tool: {tools})\n")
-    return 2  # ExitStatus.USAGE, without importing enum for a typo
+    return int(ExitStatus.USAGE)
 
 
 def _launch_words(args: list[str], console: bool) -> int:
@@ -157,12 +161,13 @@ def _install_shims(settings: Mapping[str, str], words: list[str]) -> int:
 
     from safe_llama.cmdline.own_options import flag
     from safe_llama.commands import shims
+    from safe_llama.errors import ExitStatus
 
     folder = Path(settings["dir"]) if settings.get("dir") else shims.default_dir(os.environ)
     remove = bool(flag(settings, "remove"))
     lines, ok = shims.install_shims(folder, scripts=shims.scripts_dir(), remove=remove, path=os.environ.get("PATH", ""))
     sys.stdout.write("".join(f"safe-llama: {line}\n" for line in lines))
-    return 0 if ok else 1
+    return int(ExitStatus.OK if ok else ExitStatus.FAILED)
 
 
 def _forget(settings: Mapping[str, str], words: list[str]) -> int:

@@ -1,6 +1,8 @@
 """Exit codes and the one user-facing error class.
 
-Owns the mapping from failures to exit codes; must not print or touch the OS.
+Owns the one table of safe-llama's exit codes (each with its meaning and whether a restart can fix it: the
+README's table and the systemd units' RestartPreventExitStatus= are checked against it) and the mapping from
+failures to them; must not print or touch the OS.
 """
 
 from __future__ import annotations
@@ -11,22 +13,38 @@ import enum
 class ExitStatus(enum.IntEnum):
     """safe-llama's own exit codes. A child's exit code is passed on unchanged instead.
 
-    The codes from 64 on are chosen so they do not collide with llama.cpp's (0, 1, 130) nor with
-    the shell's 126/127/128+N; the permanent ones are listed in the systemd unit's
-    RestartPreventExitStatus=.
+    The codes from 64 on are chosen so they do not collide with llama.cpp's (0, 1, 130) nor with the shell's
+    126/127/128+N. Each member is (code, meaning, permanent): permanent says which processes end with it for
+    a cause a restart cannot fix ("all", or "launch": only a launch that plans a model), and so which codes
+    each systemd unit lists in RestartPreventExitStatus=.
     """
 
-    OK = 0
-    USAGE = 2  # bad safe-llama option or argument
-    BAD_MODEL = 65  # model file missing, not GGUF, truncated, corrupt header
-    BAD_CONFIG = 66  # a config file or device profile is invalid
-    NOTHING_FITS = 67  # no setting fits the device, even at the context floor
-    RETRIES_EXHAUSTED = 68  # every attempt failed with an allocation error
-    WORKER_UNAVAILABLE = 69  # an RPC worker (--rpc) does not answer, or stopped and did not come back
-    INTERNAL = 70  # a bug in safe-llama
-    NOT_EXECUTABLE = 126
-    NOT_FOUND = 127
-    INTERRUPTED = 130
+    meaning: str
+    permanent: str
+
+    def __new__(cls, code: int, meaning: str, permanent: str = "") -> ExitStatus:
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.meaning = meaning
+        member.permanent = permanent
+        return member
+
+    OK = 0, "success (or the child's own 0)"
+    FAILED = 1, ("`explain`: no failure found in the log; `doctor`: a check failed; `install-shims`: a file was "
+                 "left alone (otherwise: the child's own 1)")  # fmt: skip
+    USAGE = 2, "bad safe-llama option or argument (e.g. `explain` on a log that cannot be read)", "all"
+    BAD_MODEL = 65, "model file missing, not GGUF, truncated or corrupt header", "launch"
+    BAD_CONFIG = 66, "invalid config file (names the file and key) or device profile", "launch"
+    NOTHING_FITS = 67, "nothing fits the device, even at the context floor (nothing launched)", "launch"
+    RETRIES_EXHAUSTED = 68, "every retry failed with an allocation error"
+    WORKER_UNAVAILABLE = 69, ("an RPC worker (`--rpc`) does not answer, or stopped during a start and did not "
+                              "come back (names it)")  # fmt: skip
+    INTERNAL = 70, "internal error in safe-llama"
+    UNWRITABLE = 120, "stdout or stderr could not be written at the end (as Python's own exit reports it)"
+    NOT_EXECUTABLE = 126, "the llama.cpp binary is not executable", "all"
+    NOT_FOUND = 127, "the llama.cpp binary is not found", "all"
+    INTERRUPTED = 130, ("interrupted (Ctrl-C) before llama.cpp started; once it runs, the signal is llama.cpp's "
+                        "and so is the exit code: llama-completion 130, llama-server and llama-cli 0")  # fmt: skip
 
 
 class SafeLlamaError(Exception):

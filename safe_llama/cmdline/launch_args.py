@@ -9,7 +9,7 @@ launch, and must stay fast. Pure but for reading the config file.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from safe_llama.cmdline.own_options import LAUNCH, OPTIONS, read
@@ -19,10 +19,8 @@ from safe_llama.paths import cache_dir, config_dir
 
 DROP_IN = {TOOL_BINARY[tool]: tool for tool in TOOLS}
 
-# the launcher's options, from the one table: its key -> SAFE_LLAMA_* variable, and its kind in config.toml
-LAUNCHER = tuple(option for option in OPTIONS if LAUNCH in option.commands)
-ENV = {option.key: option.env for option in LAUNCHER}
-KINDS = {option.key: option.kind for option in LAUNCHER}
+# the launcher's options, rows of the one table, by their key (also their [launcher] key in config.toml)
+LAUNCHER = {option.key: option for option in OPTIONS if LAUNCH in option.commands}
 
 
 class LaunchRequest(NamedTuple):  # not a dataclass: this runs before every pass-through exec
@@ -52,27 +50,30 @@ def check_tool(tool: str | None, hint: str) -> str:
     return tool
 
 
-# The config file's tables and the [launcher] keys' TOML types (a size may be a number of bytes or "4G").
+# The config file's tables, and what a [launcher] key of each kind of option may hold in TOML (a size may be a
+# number of bytes or "4G"): the check, and the words of its error.
 TABLES = ("launcher", "planner", "backends")
 
 
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+TOML_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "number": (lambda value: _whole(value, 1), "a whole number of at least 1"),
+    "flag": (lambda value: isinstance(value, bool), "true or false"),
+    "size": (lambda value: _whole(value, 1) or isinstance(value, str), 'a size in bytes or a string such as "4G"'),
+    "text": (lambda value: isinstance(value, str), "a string"),
+}
+
+
 def _check_launcher(path: object, launcher: Mapping[str, Any]) -> None:
-    known = set(KINDS)
     for key, value in launcher.items():
         where = f"safe-llama: {path}: [launcher] {key}"
-        if key not in known:
-            raise SafeLlamaError(f"{where}: unknown key (known: {', '.join(sorted(known))})", ExitStatus.BAD_CONFIG)
-        if KINDS[key] == "number":
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            want = "a whole number of at least 1"
-        elif KINDS[key] == "flag":
-            ok, want = isinstance(value, bool), "true or false"
-        elif KINDS[key] == "size":
-            ok = (isinstance(value, int) and not isinstance(value, bool) and value > 0) or isinstance(value, str)
-            want = 'a size in bytes or a string such as "4G"'
-        else:
-            ok, want = isinstance(value, str), "a string"
-        if not ok:
+        if key not in LAUNCHER:
+            raise SafeLlamaError(f"{where}: unknown key (known: {', '.join(sorted(LAUNCHER))})", ExitStatus.BAD_CONFIG)
+        ok, want = TOML_KINDS[LAUNCHER[key].kind]
+        if not ok(value):
             raise SafeLlamaError(f"{where}: {value!r} is not {want}", ExitStatus.BAD_CONFIG)
 
 
@@ -116,10 +117,10 @@ def resolve_sourced(given: Mapping[str, str], env: Mapping[str, str]) -> tuple[d
     config = _config(env)
     out = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in config.items()}
     origins = {k: f"{_config_path(env)} [launcher] {k}" for k in config}
-    for key, var in ENV.items():
-        if var in env and env[var] != "":
-            out[key] = env[var]
-            origins[key] = var
+    for key, option in LAUNCHER.items():
+        if env.get(option.env, "") != "":
+            out[key] = env[option.env]
+            origins[key] = option.env
     out.update(given)
     for key in given:
         origins.pop(key, None)

@@ -33,16 +33,13 @@ from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.errors import SafeLlamaError
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Probed, kv_splits
 from safe_llama.units import human
 
 Status = Literal["pass", "warn", "fail", "skip"]
-# Exit codes: nothing failed (warnings and skips included) 0; a check failed 1.
-EXIT_OK = 0
-EXIT_FAILED = 1
 INTEL = 0x8086
 # Below this host budget only the smallest models and contexts start: worth a warning, not a failure.
 SMALL_HOST_BUDGET = 2 << 30
@@ -417,7 +414,8 @@ def run_checks(m: Machine, checks: Sequence[Callable[[Machine], Check]] = CHECKS
 
 
 def exit_code(checks: Sequence[Check]) -> int:
-    return EXIT_FAILED if any(c.status == "fail" for c in checks) else EXIT_OK
+    """Nothing failed (warnings and skips included): OK; a check failed: FAILED."""
+    return int(ExitStatus.FAILED if any(c.status == "fail" for c in checks) else ExitStatus.OK)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -45,7 +45,10 @@ if TYPE_CHECKING:
 
 # recovered: a start failed and safe-llama's retry started it (the log shows it ready afterwards)
 Status = Literal["explained", "recovered", "no-failure", "unrecognised"]
-EXIT_CODES: Mapping[Status, int] = {"explained": 0, "recovered": 0, "no-failure": 1, "unrecognised": 1}
+EXIT_CODES: Mapping[Status, ExitStatus] = {
+    "explained": ExitStatus.OK, "recovered": ExitStatus.OK, "no-failure": ExitStatus.FAILED,
+    "unrecognised": ExitStatus.FAILED,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class Explanation:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+        return int(EXIT_CODES[self.status])
 
 
 def stage_of(reading: LogReading, words: Words) -> str | None:

@@ -95,7 +95,7 @@ def run_plan(*, tool: str, args: list[str], given: Mapping[str, str], env: Mappi
     from safe_llama.cmdline.own_options import flag
     from safe_llama.pipeline.options import launch_options
 
-    launcher = {key: value for key, value in given.items() if key in launch_args.ENV}
+    launcher = {key: value for key, value in given.items() if key in launch_args.LAUNCHER}
     settings, origins = launch_args.resolve_sourced(launcher, env)
     options = replace(launch_options(settings, origins).plan, kv_split=flag(given, "kv_split"))
     return plan_command(tool=tool, args=args, json_out=bool(flag(given, "json")), options=options, env=env)

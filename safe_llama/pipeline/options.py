@@ -13,12 +13,6 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.pipeline.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOptions
 
 
-def _truthy(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.lower() not in ("0", "false", "no", "off")
-
-
 def _where(key: str, origins: Mapping[str, str] | None) -> str:
     """Where a setting's value was set, for an error: its option, its SAFE_LLAMA_* variable or config.toml."""
     return (origins or {}).get(key, "--" + key.replace("_", "-"))
@@ -95,7 +89,7 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
         raise SafeLlamaError(f"safe-llama: {_where('attempts', origins)}: must be at least 1", ExitStatus.USAGE)
     return LaunchOptions(
         plan=plan,
-        predict=_truthy(settings.get("predict"), True),
+        predict=own_options.flag(settings, "predict") is not False,
         attempts=attempts,
-        remember=_truthy(settings.get("remember"), True),
+        remember=own_options.flag(settings, "remember") is not False,
     )
