@@ -53,7 +53,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "llama-args.json",
         "planner.toml",
         "signatures.toml",
-        "backends.toml",
         "secrets.toml",
         "systemd/safe-llama-server.service",
         "systemd/safe-llama-rpc-server.service",

@@ -9,11 +9,12 @@ as a value (probe results, profiles, environment); it reads no files and runs no
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from safe_llama.device.backends import BackendRule, packaged_backend_rules
+from safe_llama.backends.backend import AllocRule, EnvCap
+from safe_llama.backends.registry import ALLOC_RULES, backend_named, backend_of, rule_for
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.limits import (
     NOTHING_DECLARED,
@@ -22,7 +23,7 @@ from safe_llama.device.limits import (
     DeviceProfile,
     Sourced,
 )
-from safe_llama.device.list_devices import DeviceRequest, ListedDevices, LlamaDevice, backend_of
+from safe_llama.device.list_devices import DeviceRequest, ListedDevices, LlamaDevice
 from safe_llama.device.matching import (
     _match_opencl,
     _match_pci,
@@ -177,34 +178,51 @@ def _choose_llama_device(request: DeviceRequest, listed: ListedDevices | None, p
     return Choice(None, None, "unknown", None, "unknown", "default", **said)
 
 
-def _rule_for(rules: Mapping[str, BackendRule], backend: str, backend_device: str | None) -> BackendRule | None:
-    if backend == "openvino":
-        kind = re.match(r"[A-Z]+", backend_device or "CPU")
-        return rules.get(f"openvino:{kind.group(0) if kind else 'CPU'}")
-    return rules.get(backend)
+def _opencl_cap(cl_device: OpenCLDevice | None, vulkan: VulkanLimits | None) -> Sourced[int] | None:
+    if cl_device is None:
+        return None
+    detail = f"OpenCL CL_DEVICE_MAX_MEM_ALLOC_SIZE of '{cl_device.name}' ({cl_device.platform})"
+    return Sourced(cl_device.max_mem_alloc_size, "probed", detail)
+
+
+def _vulkan_cap(cl_device: OpenCLDevice | None, vulkan: VulkanLimits | None) -> Sourced[int] | None:
+    if vulkan is None:
+        return None
+    # one buffer: at most the max buffer size (ggml_vk_create_buffer) and the driver's max allocation
+    return min(vulkan.max_buffer, vulkan.driver_allocation, key=lambda s: s.value)
+
+
+# How each AllocRule.alloc_limit is read from the probes ("unprobed": by none of them).
+_PROBED_CAPS: dict[str, Callable[[OpenCLDevice | None, VulkanLimits | None], Sourced[int] | None]] = {
+    "opencl": _opencl_cap,
+    "vulkan": _vulkan_cap,
+}
 
 
 def _max_alloc(
-    rule: BackendRule | None,
+    rule: AllocRule | None,
     cl_device: OpenCLDevice | None,
     declared: DeclaredLimits,
     profile: DeviceProfile | None,
     matched: DeviceProfile | None,
     vulkan: VulkanLimits | None = None,
+    caps: Sequence[EnvCap] = (),
 ) -> tuple[bool, Sourced[int] | None]:
-    """Whether a per-allocation limit applies, and its value."""
+    """Whether a per-allocation limit applies, and its value (`caps`: the backend's ceilings that apply
+    in llama.cpp's environment, over a probed figure)."""
     if declared.max_alloc_bytes is not None:
         return True, Sourced(declared.max_alloc_bytes, "declared", declared.origin("max_alloc", "--max-alloc"))
     if profile is not None and profile.max_alloc_bytes is not None:
         return True, Sourced(profile.max_alloc_bytes, "profile", profile.path)
     if rule is None or rule.alloc_limit == "none":
         return False, None
-    if rule.alloc_limit == "opencl" and cl_device is not None:
-        detail = f"OpenCL CL_DEVICE_MAX_MEM_ALLOC_SIZE of '{cl_device.name}' ({cl_device.platform})"
-        return True, Sourced(cl_device.max_mem_alloc_size, "probed", detail)
-    if rule.alloc_limit == "vulkan" and vulkan is not None:
-        # one buffer: at most the max buffer size (ggml_vk_create_buffer) and the driver's max allocation
-        return True, min(vulkan.max_buffer, vulkan.driver_allocation, key=lambda s: s.value)
+    read = _PROBED_CAPS.get(rule.alloc_limit)
+    probed = read(cl_device, vulkan) if read is not None else None
+    if probed is not None:
+        for cap in caps:
+            if cap.cap_bytes < probed.value:
+                probed = Sourced(cap.cap_bytes, "probed", f"{cap.why} ({cap.variable} is set; {probed.detail})")
+        return True, probed
     if matched is not None and matched.max_alloc_bytes is not None:
         return True, Sourced(matched.max_alloc_bytes, "profile", f"{matched.path} (matched by name)")
     return True, None
@@ -284,25 +302,25 @@ def resolve_target(
     profile: DeviceProfile | None = None,
     profiles: Sequence[DeviceProfile] = (),
     env: Mapping[str, str],
-    rules: Mapping[str, BackendRule] | None = None,
+    rules: Mapping[str, AllocRule] = ALLOC_RULES,
     free_now: Sequence[FreeReading] = (),
     listing_age: float | None = None,
     vulkan: VulkanReport | None = None,
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
-    matched by device name. Pure: every fact comes in as a value (`rules`: configs/backends.toml as
-    `devices.backend_rules` reads it; None reads the packaged file)."""
-    if rules is None:
-        rules = packaged_backend_rules()
+    matched by device name. Pure: every fact comes in as a value (`rules`: the backends' rules with a user's
+    [backends] over them, as `devices.backend_rules` reads them)."""
     choice = _choose_llama_device(request, listed, profile)
-    rule = _rule_for(rules, choice.backend, choice.backend_device)
+    backend = backend_named(choice.backend)
+    kind = backend.kind(choice.backend_device)
+    rule = rule_for(rules, choice.backend, choice.backend_device)
     notes = list(choice.notes)
     warnings = list(choice.warnings)
     cl_device, how = _match_opencl(choice, rule, opencl, env)
     pci, pci_how = _match_pci(cl_device, choice, rule, sysfs, profile)
     notes.extend(note for note in (how, pci_how) if note)
     bdf = cl_device.pci_bdf if cl_device is not None and cl_device.pci_bdf else pci.bdf if pci else None
-    on_host = choice.backend == "cpu" or (choice.backend == "openvino" and (choice.backend_device or "CPU") == "CPU")
+    on_host = kind in backend.host_kinds
     if rule is not None:
         notes.append(rule.why)
     elif choice.backend != "unknown":
@@ -323,7 +341,8 @@ def resolve_target(
         if vk_device is not None:
             vk_limits = vulkan_limits(vk_device, env)
             warnings.extend(vk_limits.warnings)
-    limits_alloc, max_alloc = _max_alloc(rule, cl_device, declared, profile, matched, vk_limits)
+    caps = [cap for cap in backend.env_caps if cap.applies(env)]
+    limits_alloc, max_alloc = _max_alloc(rule, cl_device, declared, profile, matched, vk_limits, caps)
     if limits_alloc and max_alloc is None:
         warnings.append("the per-allocation limit of this device is unknown: declare --max-alloc or --profile")
     integrated = _integrated(choice, on_host, cl_device, pci, declared, profile, matched)
@@ -331,7 +350,6 @@ def resolve_target(
         # an integrated GPU, or a CPU driver (lavapipe): its heaps are host RAM
         kind = vk_limits.device.device_type
         integrated = Sourced(kind in ("integrated-gpu", "cpu"), "probed", f"Vulkan deviceType {kind}")
-    npu = choice.backend == "openvino" and (choice.backend_device or "").startswith("NPU")
     neo, neo_note, neo_warnings = _neo_filter(choice.backend, cl_device, pci, bdf, sysfs, opencl, env)
     if neo_note:
         notes.append(neo_note)
@@ -355,7 +373,9 @@ def resolve_target(
         memory_free_bytes=free,
         integrated=integrated,
         on_host=on_host,
-        shares_host_memory=on_host or npu or (integrated is not None and integrated.value),
+        shares_host_memory=on_host
+        or kind in backend.host_memory_kinds
+        or (integrated is not None and integrated.value),
         neo_filter=neo,
         mapping_note="; ".join(notes),
         warnings=tuple(warnings),

@@ -1,8 +1,8 @@
 """What safe-llama knows about the device llama.cpp will run on and the host's memory: the probing shell.
 
 Owns running the probes (OpenCL, `--list-devices`/`--version`, sysfs, host), caching the slow ones under
-cache_dir()/probe/, loading device profiles, the DeviceReport and its rendering, and the `devices`
-command. The decisions are device_map's (pure); must not plan (the planner takes the report's values).
+cache_dir()/probe/, loading device profiles and a user's [backends] rules, the DeviceReport and its rendering,
+and the `devices` command. The decisions are device_map's (pure); must not plan (the planner takes the report's values).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
+from safe_llama.backends import vulkan as vulkan_backend
+from safe_llama.backends.backend import AllocRule, parse_alloc_rules
+from safe_llama.backends.registry import ALLOC_RULES
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
-from safe_llama.device.backends import backend_rules
 from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
 from safe_llama.device.free_memory import free_figure, match_reading
@@ -134,6 +136,21 @@ def load_profiles(env: Mapping[str, str]) -> tuple[DeviceProfile, ...]:
             for path in sorted(directory.glob("*.toml")):
                 seen.setdefault(path.stem, _read_profile(path, cache_dir(env)))
     return tuple(seen.values())
+
+
+def backend_rules(env: Mapping[str, str]) -> dict[str, AllocRule]:
+    """The backends' allocation rules, each replaced by the user's config.toml [backends] entry of its key."""
+    rules = dict(ALLOC_RULES)
+    user = config_dir(env) / "config.toml"
+    if user.is_file():
+        try:
+            mine = state.load_toml(user, cache_dir(env)).get("backends", {})
+        except (OSError, ValueError):
+            return rules  # cmdline.launch_args reports a broken config file before any probe
+        if not isinstance(mine, Mapping):
+            raise SafeLlamaError(f"safe-llama: {user}: [backends] must be a table", ExitStatus.BAD_CONFIG)
+        rules |= parse_alloc_rules(mine, f"{user}: [backends]")
+    return rules
 
 
 # ------------------------------------------------------------------------------------ the slow probes
@@ -301,7 +318,9 @@ def probe_devices(
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
     vulkan, vulkan_cached = None, False
-    if any(d.backend == "vulkan" for d in (llama.listed.devices if llama else ())) or "Vulkan" in str(request.devices):
+    vk = vulkan_backend.BACKEND
+    listed_vulkan = any(d.backend == vk.name for d in (llama.listed.devices if llama else ()))
+    if listed_vulkan or any(p in str(request.devices) for p in vk.prefixes):
         gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)

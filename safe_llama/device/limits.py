@@ -23,17 +23,6 @@ NVIDIA = 0x10DE
 INTEL_PLATFORM_VENDOR = "Intel(R) Corporation"  # OpenVINO's GPU plugin puts this platform first
 
 
-# Variables that renumber one backend's devices, so that position no longer says which device is which.
-RENUMBERING_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    "GGML_VK_VISIBLE_DEVICES",
-    "ONEAPI_DEVICE_SELECTOR",
-    "ZE_AFFINITY_MASK",
-)
-
-
 @dataclass(frozen=True)
 class Sourced(Generic[T]):
     """A value and where it came from: probed on this machine, declared on the command line, or a profile."""

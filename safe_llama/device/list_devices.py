@@ -1,7 +1,7 @@
 """Parsing of llama.cpp's `--list-devices` and `--version` output, and of the device a command line targets.
 
 Owns those text formats, taken from the pinned source: common/arg.cpp (common_print_available_devices,
-`-dev/--device`), each backend's device name and description, common/build-info.cpp.in. Pure: takes
+`-dev/--device`), each backend's device description (its names: backends/), common/build-info.cpp.in. Pure: takes
 text and values, returns values; runs nothing and reads no files. Must not read a command line itself: the
 device a command line asks for is read from its parse (cmdline/llama_args.parse).
 """
@@ -13,26 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from safe_llama.backends.registry import backend_of
+
 if TYPE_CHECKING:
     from safe_llama.cmdline.llama_args import CommandLine
 
 MIB = 1024 * 1024
-
-# Device-name prefixes of ggml backends (GGML_*_NAME and each backend's get_name), most specific first.
-BACKEND_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("OPENVINO", "openvino"),
-    ("CUDA", "cuda"),
-    ("ROCm", "hip"),
-    ("MUSA", "musa"),
-    ("Vulkan", "vulkan"),
-    ("SYCL", "sycl"),
-    ("MTL", "metal"),
-    ("GPUOpenCL", "opencl"),
-    ("CANN", "cann"),
-    ("WebGPU", "webgpu"),
-    ("RPC", "rpc"),
-    ("BLAS", "blas"),
-)
 
 # `  %s: %s (%zu MiB, %zu MiB free)`; the description may itself hold parentheses and colons, and RPC
 # names hold a colon ("RPC0[host:port]") but never ": ", so the name ends at the first ": ".
@@ -85,13 +71,6 @@ class DeviceRequest:
     devices: tuple[str, ...] | None  # -dev/--device list; None = not given (llama.cpp picks)
     devices_from: str  # "--device", "LLAMA_ARG_DEVICE" or "default"
     openvino_device: str | None  # GGML_OPENVINO_DEVICE; None = unset (OpenVINO then picks CPU)
-
-
-def backend_of(name: str) -> str:
-    for prefix, backend in BACKEND_PREFIXES:
-        if name.startswith(prefix):
-            return backend
-    return "cpu" if name == "CPU" else "other"
 
 
 def _index_of(name: str) -> int | None:

@@ -8,14 +8,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from safe_llama.device.backends import BackendRule
-from safe_llama.device.limits import (
-    INTEL,
-    INTEL_PLATFORM_VENDOR,
-    RENUMBERING_ENV,
-    Choice,
-    DeviceProfile,
-)
+from safe_llama.backends.backend import AllocRule
+from safe_llama.backends.registry import RENUMBERING_ENV, backend_named
+from safe_llama.device.limits import INTEL, INTEL_PLATFORM_VENDOR, Choice, DeviceProfile
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
 
@@ -75,10 +70,19 @@ def _match_by_name(
     )
 
 
+def _no_gpu(choice: Choice, rule: AllocRule | None) -> bool:
+    """The device is no GPU to look for: the host itself, or a kind of device an uncapped backend that drives
+    several kinds has no GPU behind (OpenVINO's CPU, its NPU)."""
+    backend = backend_named(choice.backend)
+    kind = backend.kind(choice.backend_device)
+    uncapped_kind = bool(kind) and rule is not None and rule.alloc_limit == "none"
+    return kind in backend.host_kinds or uncapped_kind
+
+
 def _match_opencl(
-    choice: Choice, rule: BackendRule | None, opencl: OpenCLReport, env: Mapping[str, str]
+    choice: Choice, rule: AllocRule | None, opencl: OpenCLReport, env: Mapping[str, str]
 ) -> tuple[OpenCLDevice | None, str]:
-    if rule is None or choice.backend == "cpu" or (choice.backend == "openvino" and rule.alloc_limit == "none"):
+    if rule is None or _no_gpu(choice, rule):
         return None, ""
     if not opencl.devices:
         return None, f"OpenCL shows no device ({opencl.note})"
@@ -110,7 +114,7 @@ def _match_opencl(
 def _match_pci(
     opencl: OpenCLDevice | None,
     choice: Choice,
-    rule: BackendRule | None,
+    rule: AllocRule | None,
     sysfs: SysfsReport,
     profile: DeviceProfile | None,
 ) -> tuple[PciGpu | None, str]:
@@ -118,9 +122,7 @@ def _match_pci(
     if opencl is not None and opencl.pci_bdf is not None:
         found = next((g for g in sysfs.gpus if g.bdf == opencl.pci_bdf), None)
         return found, f"PCI {opencl.pci_bdf} from OpenCL (cl_khr_pci_bus_info)"
-    if choice.backend in ("cpu", "unknown") or (
-        rule is not None and rule.alloc_limit == "none" and choice.backend == "openvino"
-    ):
+    if choice.backend == "unknown" or _no_gpu(choice, rule):
         return None, ""
     vendor = (
         opencl.vendor_id
@@ -153,7 +155,7 @@ def _neo_filter(
     """Intel's compute runtime shows only the GPU whose /dev/dri/by-path name contains FilterBdfPath
     (with NEOReadDebugKeys=1). With another GPU present, that is what pins llama.cpp to the target."""
     intel = (opencl is not None and opencl.vendor_id == INTEL) or (pci is not None and pci.vendor_id == INTEL)
-    if backend not in ("openvino", "sycl", "opencl") or not intel:
+    if not backend_named(backend).intel_runtime or not intel:
         return {}, "", ()
     others = [g for g in sysfs.gpus if g.compute and g.bdf != bdf]
     opencl_gpus = [d for d in opencl_report.devices if _is_gpu(d)]

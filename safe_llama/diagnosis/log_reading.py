@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from safe_llama.backends.registry import gpu_marks, log_marks
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.list_devices import parse_list_devices
@@ -52,17 +53,8 @@ _TOOL_MARKS = (
     ("server", re.compile(r"^srv\s|^slot\s|llama_server:")),
     ("completion", re.compile(r"^llama_completion:|^generate: n_ctx")),
 )
-_BACKEND_MARKS = (
-    ("openvino", re.compile(r"OpenVINO|OPENVINO\d|ggml-openvino|intel_gpu|\[GPU\] Exceeded")),
-    ("cuda", re.compile(r"\bCUDA\d|cudaMalloc|ggml_cuda")),
-    ("hip", re.compile(r"\bROCm\d|hipMalloc|hipError")),
-    ("vulkan", re.compile(r"\bVulkan\d|ggml_vulkan")),
-    ("sycl", re.compile(r"\bSYCL\d|ggml_sycl")),
-    ("metal", re.compile(r"\bMTL\d|ggml_metal")),
-    ("opencl", re.compile(r"GPUOpenCL|ggml_opencl")),
-    ("cpu", re.compile(r"CPU buffer|ggml_aligned_malloc|ggml_backend_cpu")),
-)
-_GPU_DEVICE = re.compile(r"\[GPU\]|intel_gpu|GGML_OPENVINO_DEVICE=GPU|\bCUDA\d|\bROCm\d|\bVulkan\d|\bSYCL\d|\bMTL\d")
+_BACKEND_MARKS = tuple((name, re.compile(marks)) for name, marks in log_marks())
+_GPU_DEVICE = re.compile(gpu_marks())
 _STARTED = re.compile(r"listening on http|main: model loaded|^generate: n_ctx|^available commands:")
 # ggml_abort's "file:line: message" (GGML_ASSERT goes through it too).
 _ABORT = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|mm)):(?P<lineno>\d+): (?P<msg>.+)$")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
 from safe_llama.diagnosis.remedies import (
@@ -26,7 +27,6 @@ from safe_llama.diagnosis.remedies import (
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.kv import PAD, block_size, ctx_unit, row_bytes
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import STATEFUL_ENV
 from safe_llama.units import human
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
@@ -188,7 +189,7 @@ def memory_by_place(
     )  # fmt: skip
     out.setdefault("host", {})
 
-    if target.integrated or target.backend == "openvino":
+    if target.integrated or backend_named(target.backend).buffers_on_host_first:
         # integrated GPUs share the host's RAM; OpenVINO allocates every buffer on the host first
         for place in devices:
             add(out, "host", "kv", out.get(place, {}).get("kv", 0))

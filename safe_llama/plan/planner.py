@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.cmdline.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
@@ -20,7 +21,7 @@ from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
 from safe_llama.plan.steps import Inputs, State, Step, ctx_by_type, go_stateful, largest_ctx, walk, worst
-from safe_llama.plan.target import STATEFUL_ENV, Target, atoi
+from safe_llama.plan.target import Target, atoi
 from safe_llama.plan.words import describe
 from safe_llama.units import human
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvRequest, block_size, ctx_unit, plan_kv
 from safe_llama.plan.memory import Allocation, LlamaSettings, allocations
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import WeightsCache
-from safe_llama.plan.target import STATEFUL_ENV, Target
+from safe_llama.plan.target import Target
 from safe_llama.plan.weights_off import layers_words, weights_off
 from safe_llama.plan.words import describe
 
@@ -125,10 +126,11 @@ def go_stateful(inputs: Inputs, state: State, why: str, env: Mapping[str, str]) 
 
 def _stateful(inputs: Inputs, state: State, over: Allocation) -> State | None:
     target = inputs.target
-    if target.backend != "openvino" or not target.on_gpu or state.settings.stateful:
+    variable = backend_named(target.backend).stateful_env
+    if variable is None or not target.on_gpu or state.settings.stateful:
         return None
-    why = f"{describe(over)}: keeping the KV in host RAM ({STATEFUL_ENV}=1)"
-    return go_stateful(inputs, state, why, {STATEFUL_ENV: "1"})
+    why = f"{describe(over)}: keeping the KV in host RAM ({variable}=1)"
+    return go_stateful(inputs, state, why, {variable: "1"})
 
 
 def _lowers_ngl(inputs: Inputs) -> bool:
@@ -164,7 +166,8 @@ def _kv_type(name: str, new_type: str) -> Callable[[Inputs, State, Allocation], 
             and _TYPE_ORDER.get(kv.type_v, 0) >= _TYPE_ORDER[new_type]
         ):
             return None
-        if inputs.target.backend == "openvino" and new_type == "q8_0" and not inputs.policy.openvino_q8:
+        unverified = not backend_named(inputs.target.backend).q8_kv_verified
+        if unverified and new_type == "q8_0" and not inputs.policy.openvino_q8:
             return state.noted("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)")
         if not kv_quant_ok(inputs.facts, new_type):
             return state.noted(f"{new_type} KV skipped: a head dimension is not a multiple of {block_size(new_type)}")

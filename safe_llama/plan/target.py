@@ -19,11 +19,6 @@ from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.plan.policy import ComputeCosts, Policy
 from safe_llama.units import human
 
-GPU_BACKENDS = frozenset({"openvino", "cuda", "vulkan", "sycl", "opencl", "metal", "hip"})
-
-
-STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
-
 
 @dataclass(frozen=True)
 class RemoteDevice:

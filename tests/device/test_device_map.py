@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.device.device_map import parse_profile, resolve_target
-from safe_llama.device.limits import DeclaredLimits, DeviceProfile
+from safe_llama.backends.backend import AllocRule, EnvCap
+from safe_llama.device.device_map import _max_alloc, parse_profile, resolve_target
+from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile
 from safe_llama.device.list_devices import MIB, DeviceRequest, ListedDevices, parse_list_devices
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
@@ -393,3 +394,15 @@ def test_parse_profile_checks_types() -> None:
             parse_profile("x", "x.toml", bad)
         assert err.value.status == ExitStatus.BAD_CONFIG
         assert "x.toml" in err.value.message
+
+
+def test_an_environment_cap_lowers_a_probed_limit_only() -> None:
+    rule = AllocRule((), "opencl", "test")
+    small = EnvCap("SMALL", 1 << 20, "a switch caps one buffer at 1 MiB")
+    applies, limit = _max_alloc(rule, UHD770, NOTHING_DECLARED, None, None, caps=[small])
+    assert applies and limit is not None and limit.value == 1 << 20 and limit.source == "probed"
+    assert limit.detail.startswith("a switch caps one buffer at 1 MiB (SMALL is set; OpenCL CL_DEVICE_MAX")
+    declared = DeclaredLimits(max_alloc_bytes=1 << 30)
+    assert _max_alloc(rule, UHD770, declared, None, None, caps=[small])[1].value == 1 << 30  # type: ignore[union-attr]
+    huge = EnvCap("HUGE", UHD770.max_mem_alloc_size * 2, "above the probe")
+    assert _max_alloc(rule, UHD770, NOTHING_DECLARED, None, None, caps=[huge])[1].value == UHD770.max_mem_alloc_size  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
-from safe_llama.device.devices import load_profile, load_profiles, probe_devices, probe_llama
+from safe_llama.device.devices import backend_rules, load_profile, load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import MIB
@@ -179,3 +179,32 @@ def test_rpc_probe_names_a_worker_that_does_not_answer(llama_bin: Path) -> None:
 
     listed = probe_rpc(llama_bin / "llama-server", f"127.0.0.1:{free_port()}", env=dict(os.environ))
     assert listed.devices == () and listed.problem is not None and "Failed to connect to 127.0.0.1:" in listed.problem
+
+
+def _user_config(tmp_path: Path, config: str | None = None) -> dict[str, str]:
+    if config is not None:
+        (tmp_path / "safe-llama").mkdir(exist_ok=True)
+        (tmp_path / "safe-llama" / "config.toml").write_text(config)
+    return {"XDG_CONFIG_HOME": str(tmp_path)}
+
+
+def test_backend_rules_without_a_user_config_are_the_backends_own(tmp_path: Path) -> None:
+    rules = backend_rules(_user_config(tmp_path))
+    assert rules["openvino:GPU"].alloc_limit == "opencl" and rules["openvino:GPU"].vendor_ids == (0x8086,)
+    assert rules["cuda"].alloc_limit == "none" and rules["cuda"].vendor_ids == (0x10DE,)
+    assert {"cpu", "openvino:CPU", "openvino:NPU", "sycl", "hip", "vulkan", "metal"} <= set(rules)
+
+
+def test_a_user_backend_entry_replaces_the_backends_own(tmp_path: Path) -> None:
+    config = '[backends.vulkan]\nvendor_ids = []\nalloc_limit = "opencl"\nwhy = "my driver obeys OpenCL\'s figure"\n'
+    rules = backend_rules(_user_config(tmp_path, config))
+    assert rules["vulkan"].alloc_limit == "opencl" and "my driver" in rules["vulkan"].why
+    assert rules["cuda"].alloc_limit == "none"  # the others stay
+
+
+def test_a_bad_user_backend_entry_names_the_file_and_key(tmp_path: Path) -> None:
+    config = '[backends.vulkan]\nalloc_limit = "sometimes"\nwhy = "x"\n'
+    with pytest.raises(SafeLlamaError) as err:
+        backend_rules(_user_config(tmp_path, config))
+    assert err.value.status == ExitStatus.BAD_CONFIG
+    assert "config.toml: [backends]: [vulkan] alloc_limit: 'sometimes'" in err.value.message

@@ -11,7 +11,6 @@ from safe_llama.device.limits import (
     INTEL,
     NOTHING_DECLARED,
     NVIDIA,
-    RENUMBERING_ENV,
     DeclaredLimits,
     Sourced,
 )
@@ -46,9 +45,3 @@ def test_sourced_values_compare_by_value_source_and_detail_and_stay_put() -> Non
 
 def test_vendor_ids_are_the_pci_ones() -> None:
     assert (INTEL, NVIDIA) == (0x8086, 0x10DE)
-
-
-def test_every_backends_renumbering_variable_is_listed() -> None:
-    assert {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"} <= set(
-        RENUMBERING_ENV
-    )

@@ -8,7 +8,6 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.list_devices import (
     MIB,
     DeviceRequest,
-    backend_of,
     parse_list_devices,
     parse_version,
     resolve_request,
@@ -110,25 +109,6 @@ def test_openvino_refusal_lists_what_it_offers() -> None:
     assert listed.problem is not None
     assert "GGML_OPENVINO_DEVICE=GPU.1" in listed.problem
     assert "CPU, GPU" in listed.problem
-
-
-@pytest.mark.parametrize(
-    ("name", "backend"),
-    [
-        pytest.param("OPENVINO3", "openvino", id="openvino"),
-        pytest.param("CUDA1", "cuda", id="cuda"),
-        pytest.param("ROCm0", "hip", id="rocm"),
-        pytest.param("Vulkan0", "vulkan", id="vulkan"),
-        pytest.param("SYCL0", "sycl", id="sycl"),
-        pytest.param("MTL0", "metal", id="metal"),
-        pytest.param("GPUOpenCL", "opencl", id="opencl"),
-        pytest.param("RPC0", "rpc", id="rpc"),
-        pytest.param("CPU", "cpu", id="cpu"),
-        pytest.param("Frobnicator0", "other", id="unknown"),
-    ],
-)
-def test_backend_of(name: str, backend: str) -> None:
-    assert backend_of(name) == backend
 
 
 def test_version_of_the_pinned_build() -> None:

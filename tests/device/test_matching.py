@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.device.backends import BackendRule
+from safe_llama.backends.backend import AllocRule
 from safe_llama.device.limits import INTEL, NVIDIA, Choice
 from safe_llama.device.list_devices import LlamaDevice
 from safe_llama.device.matching import (
@@ -36,10 +36,10 @@ from tests.device.test_device_map import (
     opencl,
 )
 
-INTEL_GPUS = BackendRule((INTEL,), "opencl", "test")
-ANY_VENDOR = BackendRule((), "opencl", "test")
-OPENVINO_GPU = BackendRule((INTEL,), "opencl", "test")
-OPENVINO_CPU = BackendRule((), "none", "test")
+INTEL_GPUS = AllocRule((INTEL,), "opencl", "test")
+ANY_VENDOR = AllocRule((), "opencl", "test")
+OPENVINO_GPU = AllocRule((INTEL,), "opencl", "test")
+OPENVINO_CPU = AllocRule((), "none", "test")
 
 
 def choice(backend: str, description: str, *, device: str | None = None, index: int | None = None) -> Choice:
@@ -190,7 +190,7 @@ def test_pci_by_vendor_from_the_rule_then_the_profile() -> None:
     sysfs = SysfsReport(gpus=(nvidia, IGPU_PCI), render_nodes=(), note="two")
     found, how = _match_pci(None, choice("sycl", "x"), INTEL_GPUS, sysfs, None)
     assert found == IGPU_PCI and "the only Intel GPU in sysfs" in how
-    found, _ = _match_pci(None, choice("vulkan", "x"), BackendRule((NVIDIA,), "vulkan", "t"), sysfs, None)
+    found, _ = _match_pci(None, choice("vulkan", "x"), AllocRule((NVIDIA,), "vulkan", "t"), sysfs, None)
     assert found == nvidia
     found, _ = _match_pci(None, choice("vulkan", "x"), ANY_VENDOR, sysfs, UHD770_PROFILE)
     assert found == IGPU_PCI

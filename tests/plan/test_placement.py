@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.cmdline.request import EXPERT_REGEX
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
@@ -16,7 +17,7 @@ from safe_llama.plan.memory import Draft, Layout, LlamaSettings, memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import Override
-from safe_llama.plan.target import STATEFUL_ENV, Target
+from safe_llama.plan.target import Target
 
 GIB = 1 << 30
 MIB = 1 << 20

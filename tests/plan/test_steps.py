@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
@@ -13,7 +14,7 @@ from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import LlamaSettings
 from safe_llama.plan.policy import STEPS, Policy, load_policy
 from safe_llama.plan.steps import LADDER, Inputs, State, Step, go_stateful, walk, worst
-from safe_llama.plan.target import STATEFUL_ENV, Target
+from safe_llama.plan.target import Target
 from tests.tiny_gguf import LLAMA_3B
 
 GIB = 1 << 30

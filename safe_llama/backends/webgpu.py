@@ -1,0 +1,9 @@
+"""The WebGPU backend (ggml/src/ggml-webgpu): safe-llama knows its devices' names, nothing of its limits.
+
+Owns its description; must not probe."""
+
+from __future__ import annotations
+
+from safe_llama.backends.backend import Backend
+
+BACKEND = Backend(name="webgpu", prefixes=("WebGPU",))
