@@ -74,6 +74,8 @@ class Layout:
     ctx_checkpoints: int = 0  # -ctxcp: context checkpoints per llama-server slot (llama.cpp's 32 by default)
     ctx_checkpoints_set: bool = False  # as cache_ram_set, for -ctxcp
     load_mode: str = "auto"  # -lm: none reads weights into allocated RAM instead of mapping the file
+    # False (-nr): no extra buffer types (llama-model.cpp make_cpu_buft_list), so no CPU_REPACK copy of host weights
+    repack: bool = True
     draft: Draft | None = None
 
     @property
@@ -263,6 +265,7 @@ FLAGS: tuple[MemoryFlag, ...] = (
     MemoryFlag("--main-gpu", "-mg", "main_gpu", _or(read_int, 0)),
     MemoryFlag("--device", "-dev", "devices", _devices),
     MemoryFlag("--load-mode", "-lm", "load_mode", _or(read_str, "auto")),
+    MemoryFlag("--repack", "-nr", "repack", read_on),
     MemoryFlag("--mmproj-offload", "--no-mmproj-offload", "mmproj_offload", read_on),
     MemoryFlag(
         "--ctx-checkpoints",

@@ -173,7 +173,7 @@ def memory_by_place(
     if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
         chosen = planned_split(facts, settings, target, weights_cache)
         split = tuple(float(x) for x in chosen) if chosen is not None else split
-    repack = target.cpu_repack_types
+    repack = target.cpu_repack_types if layout.repack else frozenset()
     max_tensor = target.max_tensor.value if target.max_tensor is not None else None
     out = _model_memory(
         facts, settings.n_gpu_layers, layout.rules, devices, split, kv, kv_offload, repack, max_tensor,

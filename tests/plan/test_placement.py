@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Draft, Layout, LlamaSettings, Override
+from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
@@ -213,3 +215,18 @@ def test_vulkan_tied_embedding_over_the_storage_range(embd: int, device_weights:
     mem = memory_by_place(tied_facts(embd), settings, vulkan)
     assert mem["Vulkan0"]["weights"] == device_weights
     assert mem["host"]["weights"] == embd
+
+
+def test_no_repack_drops_the_host_weights_repacked_copy() -> None:
+    """-nr (--no-repack): llama.cpp loads the host's weights without its extra buffer types, so no CPU_REPACK
+    copy of the q4_0 matrices; the plan counts none."""
+    facts = moe_facts()
+    q4 = replace(facts, tensor_types=("q4_0",) * len(facts.tensors))
+    host = Target(
+        backend="cpu", host_budget=Sourced(64 * GIB, "declared", "test"), cpu_repack_types=frozenset({"q4_0"})
+    )
+    kv = KvRequest(tool="completion", n_ctx=4096)
+    for argv, repacked in ([], 4 * 40 * MIB + 5 * MIB), (["-nr"], 0):
+        layout = to_request(parse("completion", argv, {})).layout
+        mem = memory_by_place(q4, LlamaSettings(kv=kv, layout=layout), host)
+        assert mem["host"].get("repacked", 0) == repacked, argv
