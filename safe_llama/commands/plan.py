@@ -10,12 +10,13 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from safe_llama.cmdline.llama_args import parse, redact_argv
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.model_source import ModelSource, resolve
 from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline.prepare import PlanOptions, context_note, final_argv, prepare
 from safe_llama.plan import render
-from safe_llama.plan.memory import LlamaSettings, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 
 
 def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, message: str) -> dict[str, object]:

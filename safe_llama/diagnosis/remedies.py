@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import Request, to_request
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.host_budget import HostLimit
@@ -19,7 +20,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
-from safe_llama.plan.memory import LlamaSettings, allocations
+from safe_llama.plan.memory import allocations
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Lessons, Probed, Target, target_policy, with_learned

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
-from safe_llama.cmdline.request import DEFAULT_CTX_CHECKPOINTS, Request, to_request
+from safe_llama.cmdline.request import Request, to_request
 from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.list_devices import LlamaDevice
@@ -23,10 +24,8 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
 from safe_llama.paths import cache_dir, config_dir, configs_dir
-from safe_llama.plan.memory import Draft, Layout
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
-from safe_llama.plan.split import Override
 from safe_llama.plan.target import (
     Lessons,
     Target,
@@ -112,7 +111,7 @@ def _file_size(path: str | None) -> int:
 
 
 def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str]) -> tuple[Layout, tuple[str, ...]]:
-    """The request's memory options with the files they name read (draft facts, projector size)."""
+    """The request's layout with the files it names read (draft facts, projector size)."""
     notes: list[str] = []
     draft = None
     if req.draft is not None:
@@ -129,33 +128,10 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
                 n_gpu_layers=None if ngl < 0 else ngl,
                 type_k=req.draft.type_k,
                 type_v=req.draft.type_v,
-                overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.draft.overrides),
+                overrides=req.draft.overrides,
             )
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
-    layout = Layout(
-        kv_offload=req.kv_offload,
-        op_offload=req.op_offload,
-        overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides),
-        devices=req.devices,
-        split_mode=req.split_mode,
-        tensor_split=req.tensor_split,
-        main_gpu=req.main_gpu,
-        mmproj_bytes=_file_size(mmproj),
-        mmproj_offload=req.mmproj_offload,
-        prompt_cache_mib=req.cache_ram_mib,
-        prompt_cache_set=req.cache_ram_set,
-        ctx_checkpoints=(
-            req.ctx_checkpoints
-            if req.ctx_checkpoints is not None
-            else DEFAULT_CTX_CHECKPOINTS
-            if req.cmd.tool == "server"
-            else 0
-        ),
-        ctx_checkpoints_set=req.ctx_checkpoints is not None,
-        load_mode=req.load_mode,
-        draft=draft,
-    )
-    return layout, tuple(notes)
+    return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
 
 
 def prepare(
@@ -246,8 +222,6 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
         device_cap=options.device_cap,
     )
     target = Target.of(probed, target_policy(policy, probed), lessons)
-    ngl = req.n_gpu_layers
-    user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     try:
         decided: Plan | None = plan(
             facts,
@@ -256,7 +230,7 @@ def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> 
             policy,
             ladder=options.ladder,
             user_fit_set=cmd.get("--fit") is not None,
-            user_ngl=user_ngl,
+            user_ngl=gpu_layers(cmd),
             floor=options.min_ctx,
             layout=prepared.layout,
             user_env=env,

@@ -10,19 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from safe_llama.backends.registry import backend_named
+from safe_llama.cmdline.memory_flags import LlamaSettings, Override
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
 from safe_llama.plan import words
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.compute import device_compute as compute_by_device
-from safe_llama.plan.llama_settings import Draft as Draft
-from safe_llama.plan.llama_settings import Layout as Layout
-from safe_llama.plan.llama_settings import LlamaSettings as LlamaSettings
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes
 from safe_llama.plan.split import (
-    Override,
     WeightsCache,
     balanced_split,
     device_names,
@@ -157,7 +154,7 @@ def memory_by_place(
     offloaded = offloaded_slots(settings.n_gpu_layers, n_layer)
     split = layout.tensor_split or free_split(target, devices)
     expert_ff = 0
-    if main != "host" and experts_on_devices(facts, layout.overrides, layer_places(n_layer, offloaded, devices, split)):
+    if main != "host" and experts_on_devices(facts, layout.rules, layer_places(n_layer, offloaded, devices, split)):
         expert_ff = expert_ff_width(facts)
     compute = compute_estimate(
         facts,
@@ -171,20 +168,16 @@ def memory_by_place(
     compute += target.compute_extra
     # several devices running all layers: llama.cpp pipelines them, each keeping copies of its graph inputs
     pipelined = (
-        len(devices) > 1
-        and offloaded > n_layer
-        and layout.split_mode == "layer"
-        and kv_offload
-        and not layout.overrides
+        len(devices) > 1 and offloaded > n_layer and layout.split_mode == "layer" and kv_offload and not layout.rules
     )
     copies = (target.pipeline_copies - 1) * input_mask_bytes(kv) if pipelined else 0
     if layout.balance and not layout.tensor_split and len(devices) > 1 and offloaded > n_layer:
         chosen = planned_split(facts, settings, target, weights_cache)
         split = tuple(float(x) for x in chosen) if chosen is not None else split
-    repack = target.cpu_repack_types
+    repack = target.cpu_repack_types if layout.repack else frozenset()
     max_tensor = target.max_tensor.value if target.max_tensor is not None else None
     out = _model_memory(
-        facts, settings.n_gpu_layers, layout.overrides, devices, split, kv, kv_offload, repack, max_tensor,
+        facts, settings.n_gpu_layers, layout.rules, devices, split, kv, kv_offload, repack, max_tensor,
         weights_cache,
     )  # fmt: skip
     out.setdefault("host", {})
@@ -220,10 +213,10 @@ def memory_by_place(
             for item, size in items.items():
                 add(out, place, f"draft_{item}", size)
         add(out, main, "draft_compute", compute_estimate(draft.facts, draft_kv, costs=costs))
-    if layout.prompt_cache_mib:
+    if layout.cache_ram_mib:
         # tools/server/server-task.cpp server_prompt_cache: a byte limit; its token limit (n_ctx) rises to
         # what the byte limit holds, so only -1 (no byte limit) bounds it by one context's worth
-        limit = kv.total_bytes if layout.prompt_cache_mib < 0 else layout.prompt_cache_mib * MIB
+        limit = kv.total_bytes if layout.cache_ram_mib < 0 else layout.cache_ram_mib * MIB
         add(out, "host", "prompt_cache", limit)
     if layout.ctx_checkpoints > 0 and settings.kv.tool == "server":
         add(
@@ -293,7 +286,7 @@ def allocations(
     # what llama-server grows into while it serves: counted in a cgroup's charge or a declared budget once set
     # the prompt cache is charged beyond its -cram (policy: prompt_cache_charge)
     cache_charged = int(host.get("prompt_cache", 0) * policy.prompt_cache_charge)
-    in_use = (cache_charged if layout.prompt_cache_set else 0) + (
+    in_use = (cache_charged if layout.cache_ram_set else 0) + (
         host.get("checkpoints", 0) if layout.ctx_checkpoints_set else 0
     )
     if target.on_gpu and target.integrated:

@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from safe_llama.backends.openvino import STATEFUL_ENV
-from safe_llama.cmdline.request import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS
+from safe_llama.cmdline import memory_flags
+from safe_llama.cmdline.memory_flags import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Layout, LlamaSettings
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
-from safe_llama.plan.memory import Allocation, Layout, LlamaSettings, planned_split
+from safe_llama.plan.memory import Allocation, planned_split
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
@@ -34,10 +35,15 @@ class Plan:
     kv: KvPlan
     allocations: tuple[Allocation, ...]
     steps: tuple[Step, ...]
-    argv_changes: Mapping[str, str | bool]
+    decided: tuple[str, ...]  # the settings' fields the plan sets on argv, in the order it decided them
     env_changes: Mapping[str, str]
     ctx_by_type: Mapping[str, int]  # largest context that fits per cache type (0: none)
     notes: tuple[str, ...] = ()
+
+    @property
+    def argv_changes(self) -> dict[str, str | bool]:
+        """The options the plan sets, with the settings' values (cmdline.memory_flags writes them)."""
+        return memory_flags.argv_changes(self.settings, self.decided)
 
     @property
     def fits(self) -> bool:
@@ -111,7 +117,7 @@ def plan(
         kv=plan_kv(facts, state.settings.kv),
         allocations=allocs,
         steps=state.taken,
-        argv_changes=dict(state.changes),
+        decided=state.decided,
         env_changes=dict(state.env),
         ctx_by_type=ctx_by_type(inputs, state.settings),
         notes=state.notes,
@@ -174,7 +180,7 @@ def _split(inputs: Inputs, state: State, allocs: tuple[Allocation, ...]) -> Stat
     return replace(
         state,
         settings=replace(settings, layout=replace(settings.layout, tensor_split=tuple(float(x) for x in split))),
-        changes={**state.changes, "--tensor-split": ",".join(str(x) for x in split)},
+        decided=state.deciding("tensor_split"),
         taken=(Step("split", _split_words(split, inputs.target, devices)), *state.taken),
     )
 
@@ -191,7 +197,7 @@ def _give_ctx_back(inputs: Inputs, state: State) -> State:
     return replace(
         state,
         settings=replace(state.settings, kv=replace(state.settings.kv, n_ctx=best)),
-        changes={**state.changes, "--ctx-size": str(best)},
+        decided=state.deciding("n_ctx"),
         taken=tuple(again if i == first else step for i, step in enumerate(state.taken)),
     )
 
@@ -202,18 +208,20 @@ def _fit_off(inputs: Inputs, state: State, user_fit_set: bool) -> State:
     target, settings = inputs.target, state.settings
     if not inputs.policy.skip_llama_fit or user_fit_set or (target.on_gpu and settings.n_gpu_layers is None):
         return state
-    changes: dict[str, str | bool] = {"--fit": "off"}
+    kv = replace(settings.kv, fit=False)
+    decided: tuple[str, ...] = ("fit",)
     what = "-fit off"
-    if "--ctx-size" not in state.changes and inputs.request.n_ctx in (None, 0):
-        changes["--ctx-size"] = str(plan_kv(inputs.facts, settings.kv).context.n_ctx)
-        what = f"-c {changes['--ctx-size']} (what llama.cpp would pick) and -fit off"
+    if "n_ctx" not in state.decided and inputs.request.n_ctx in (None, 0):
+        kv = replace(kv, n_ctx=plan_kv(inputs.facts, settings.kv).context.n_ctx)
+        decided = ("fit", "n_ctx")
+        what = f"-c {kv.n_ctx} (what llama.cpp would pick) and -fit off"
     why = f"{what}: the plan already sized it, so llama.cpp's own fitting dry run is skipped"
-    return state.took(Step("fit-off", why), changes=changes)
+    return state.took(Step("fit-off", why), replace(settings, kv=kv), decided)
 
 
 def _serving_step(
     facts: ModelFacts, settings: LlamaSettings, target: Target, policy: Policy, allocs: Sequence[Allocation]
-) -> tuple[LlamaSettings, Step, dict[str, str | bool]] | None:
+) -> tuple[LlamaSettings, Step, tuple[str, ...]] | None:
     """Under a cgroup limit or a declared host budget (--host-memory: what the user says the server may have),
     llama-server's prompt cache and context checkpoints sized to what the plan leaves (plan.serving); None when
     there is nothing to set (not a server, no such limit, the user set both). Free RAM alone does not size them:
@@ -225,7 +233,7 @@ def _serving_step(
         for a in allocs
         if a.host_kind == "ram" and a.source is not None and a.source.source == "declared"
     ]
-    if settings.kv.tool != "server" or not budgets or (layout.prompt_cache_set and layout.ctx_checkpoints_set):
+    if settings.kv.tool != "server" or not budgets or (layout.cache_ram_set and layout.ctx_checkpoints_set):
         return None
     kv = plan_kv(facts, settings.kv)
     leftover, budget = min(budgets)
@@ -233,7 +241,7 @@ def _serving_step(
         leftover,
         kv.context.n_seq_max,
         checkpoint_bytes(facts, kv),
-        user_cache_ram_mib=layout.prompt_cache_mib if layout.prompt_cache_set else None,
+        user_cache_ram_mib=layout.cache_ram_mib if layout.cache_ram_set else None,
         user_ctx_checkpoints=layout.ctx_checkpoints if layout.ctx_checkpoints_set else None,
         default_cache_ram_mib=DEFAULT_CACHE_RAM_MIB,
         default_ctx_checkpoints=DEFAULT_CTX_CHECKPOINTS,
@@ -242,11 +250,11 @@ def _serving_step(
     )
     if not chosen.reason:
         return None
-    changes: dict[str, str | bool] = {}
+    decided: list[str] = []
     if chosen.cache_ram_mib is not None:
-        layout = replace(layout, prompt_cache_mib=chosen.cache_ram_mib, prompt_cache_set=True)
-        changes["--cache-ram"] = str(chosen.cache_ram_mib)
+        layout = replace(layout, cache_ram_mib=chosen.cache_ram_mib, cache_ram_set=True)
+        decided.append("cache_ram_mib")
     if chosen.ctx_checkpoints is not None:
         layout = replace(layout, ctx_checkpoints=chosen.ctx_checkpoints, ctx_checkpoints_set=True)
-        changes["--ctx-checkpoints"] = str(chosen.ctx_checkpoints)
-    return replace(settings, layout=layout), Step("serving", chosen.reason), changes
+        decided.append("ctx_checkpoints")
+    return replace(settings, layout=layout), Step("serving", chosen.reason), tuple(decided)

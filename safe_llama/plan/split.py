@@ -13,25 +13,13 @@ import bisect
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from safe_llama.cmdline.memory_flags import Override
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan
 from safe_llama.plan.tally import Tally, add, offloaded_slots
 from safe_llama.plan.target import Target
-
-
-@dataclass(frozen=True)
-class Override:
-    """A tensor-placement rule (-ot, -cmoe, -ncmoe): the first whose pattern matches a name wins."""
-
-    pattern: str
-    buffer_type: str  # "CPU" (or CPU_*): host RAM; otherwise a device's buffer type
-
-    @property
-    def to_host(self) -> bool:
-        return self.buffer_type.upper().startswith("CPU")
 
 
 def _placed(name: str, overrides: Sequence[Override]) -> Override | None:

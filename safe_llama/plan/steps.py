@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from safe_llama.backends.registry import backend_named
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvRequest, block_size, ctx_unit, plan_kv
-from safe_llama.plan.memory import Allocation, LlamaSettings, allocations
+from safe_llama.plan.memory import Allocation, allocations
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import WeightsCache
 from safe_llama.plan.target import Target
@@ -52,10 +53,11 @@ class Inputs:
 
 @dataclass(frozen=True)
 class State:
-    """The plan so far: the settings, the argv and environment changes, the steps taken and the notes."""
+    """The plan so far: the settings, the fields it decided (their options set on argv, in that order), the
+    environment changes, the steps taken and the notes."""
 
     settings: LlamaSettings
-    changes: Mapping[str, str | bool] = field(default_factory=dict)
+    decided: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     taken: tuple[Step, ...] = ()
     notes: tuple[str, ...] = ()
@@ -65,16 +67,20 @@ class State:
         self,
         step: Step,
         settings: LlamaSettings | None = None,
-        changes: Mapping[str, str | bool] | None = None,
+        decided: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
     ) -> State:
         return replace(
             self,
             settings=settings or self.settings,
-            changes={**self.changes, **(changes or {})},
+            decided=self.deciding(*decided),
             env={**self.env, **(env or {})},
             taken=(*self.taken, step),
         )
+
+    def deciding(self, *names: str) -> tuple[str, ...]:
+        """The decided fields with these added (each once, where it was first decided)."""
+        return self.decided + tuple(dict.fromkeys(n for n in names if n not in self.decided))
 
     def noted(self, note: str) -> State:
         return replace(self, notes=(*self.notes, note))
@@ -115,13 +121,13 @@ def go_stateful(inputs: Inputs, state: State, why: str, env: Mapping[str, str]) 
     """Stateful execution (the KV in host RAM), with the one slot it requires: from the user's environment
     or as the ladder's step (`env`: what the plan sets for it, nothing when the user did)."""
     settings = replace(state.settings, stateful=True)
-    changes: dict[str, str | bool] = {}
+    decided: tuple[str, ...] = ()
     extra = ""
     if plan_kv(inputs.facts, settings.kv).context.n_seq_max != 1:
         settings = replace(settings, kv=replace(settings.kv, n_parallel=1, kv_unified=None))
-        changes["--parallel"] = "1"
+        decided = ("n_parallel",)
         extra = ", one slot (-np 1) as it requires"
-    return state.took(Step("stateful", f"{why}{extra}"), settings, changes, env)
+    return state.took(Step("stateful", f"{why}{extra}"), settings, decided, env)
 
 
 def _stateful(inputs: Inputs, state: State, over: Allocation) -> State | None:
@@ -152,10 +158,10 @@ def _weights(inputs: Inputs, state: State, over: Allocation) -> State | None:
     moved_settings, moved, words = weights_off(inputs.facts, placed, inputs.target, inputs.policy, inputs.weights_cache)
     user_ngl = inputs.user_ngl
     yours = ""
-    if user_ngl is not None and "--gpu-layers" in moved and int(moved["--gpu-layers"]) < user_ngl:
+    if user_ngl is not None and "n_gpu_layers" in moved and (moved_settings.n_gpu_layers or user_ngl) < user_ngl:
         yours = f" (your -ngl {user_ngl} taken as 'as many as fit'; keep_user_ngl = true keeps it)"
     step = Step("weights", f"{describe(over)}: {words}{yours}")
-    return state.took(step, replace(moved_settings, kv=settings.kv), dict(moved))
+    return state.took(step, replace(moved_settings, kv=settings.kv), moved)
 
 
 def _kv_type(name: str, new_type: str) -> Callable[[Inputs, State, Allocation], State | None]:
@@ -173,9 +179,7 @@ def _kv_type(name: str, new_type: str) -> Callable[[Inputs, State, Allocation], 
             return state.noted(f"{new_type} KV skipped: a head dimension is not a multiple of {block_size(new_type)}")
         settings = replace(state.settings, kv=replace(kv, type_k=new_type, type_v=new_type, flash_attn="on"))
         why = f"{describe(over)}: a {new_type} KV cache (-ctk {new_type} -ctv {new_type}, with -fa on as it requires)"
-        return state.took(
-            Step(name, why), settings, {"--cache-type-k": new_type, "--cache-type-v": new_type, "--flash-attn": "on"}
-        )
+        return state.took(Step(name, why), settings, ("type_k", "type_v", "flash_attn"))
 
     return step
 
@@ -187,7 +191,7 @@ def _ctx(inputs: Inputs, state: State, over: Allocation) -> State | None:
         return None
     settings = replace(state.settings, kv=replace(state.settings.kv, n_ctx=chosen))
     reason = f"{describe(over)}: -c "
-    taken = state.took(Step("ctx", f"{reason}{chosen}, the largest that fits"), settings, {"--ctx-size": str(chosen)})
+    taken = state.took(Step("ctx", f"{reason}{chosen}, the largest that fits"), settings, ("n_ctx",))
     return replace(taken, ctx_reason=reason)
 
 
@@ -200,7 +204,7 @@ def _ngl(inputs: Inputs, state: State, over: Allocation) -> State | None:
     start = n_layer if settings.n_gpu_layers is None else settings.n_gpu_layers
     chosen = next((n for n in range(start - 1, -1, -1) if inputs.fits(replace(settings, n_gpu_layers=n))), 0)
     step = Step("ngl", f"{describe(over)}: -ngl {chosen}, {layers_words(chosen, n_layer)} on the GPU")
-    return state.took(step, replace(settings, n_gpu_layers=chosen), {"--gpu-layers": str(chosen)})
+    return state.took(step, replace(settings, n_gpu_layers=chosen), ("n_gpu_layers",))
 
 
 # the ladder's step names (configs/planner.toml [ladder], plan.policy.STEPS) and what each does

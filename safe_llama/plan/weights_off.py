@@ -10,11 +10,11 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from safe_llama.cmdline.request import EXPERT_REGEX
+from safe_llama.cmdline.memory_flags import EXPERT_REGEX, LlamaSettings
 from safe_llama.model.facts import ModelFacts
-from safe_llama.plan.memory import LlamaSettings, allocations
+from safe_llama.plan.memory import allocations
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.split import Override, WeightsCache
+from safe_llama.plan.split import WeightsCache
 from safe_llama.plan.tally import offloaded_slots
 from safe_llama.plan.target import Target
 
@@ -44,10 +44,9 @@ def _expert_layers(facts: ModelFacts) -> int:
     return max(found) + 1 if found else 0
 
 
-def _with_ncmoe(settings: LlamaSettings, user: tuple[Override, ...], n: int) -> LlamaSettings:
-    # after the user's own rules: llama.cpp applies -ot, then -cmoe, then -ncmoe, and the first match wins
-    rules = user + tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
-    return replace(settings, layout=replace(settings.layout, overrides=rules))
+def _with_ncmoe(settings: LlamaSettings, user: int, n: int) -> LlamaSettings:
+    # the experts of the first n layers, and never fewer than the user's own -ncmoe sends to host memory
+    return replace(settings, layout=replace(settings.layout, n_cpu_moe=max(user, n)))
 
 
 def _smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -69,20 +68,21 @@ def weights_off(
     target: Target,
     policy: Policy,
     weights_cache: WeightsCache | None = None,
-) -> tuple[LlamaSettings, dict[str, str], str]:
+) -> tuple[LlamaSettings, tuple[str, ...], str]:
     """Move weights off the GPU until they fit with `settings`' KV: the experts of the first layers (the fewest
-    that do), then whole layers (the most that stay). The settings, the argv changes and what moved, in words."""
+    that do), then whole layers (the most that stay). The settings, the fields it decided and what moved, in
+    words."""
     n_layer = max(facts.block_count, 1)
-    user = settings.layout.overrides
-    changes: dict[str, str] = {}
+    user = settings.layout.n_cpu_moe
+    decided: list[str] = []
     moved: list[str] = []
     experts = _expert_layers(facts)
     if experts:
         n = _smallest(0, experts, lambda k: _fits(facts, _with_ncmoe(settings, user, k), target, policy, weights_cache))
         n = experts if n is None else n
         if n:
-            settings = _with_ncmoe(settings, user, n)
-            changes["--n-cpu-moe"] = str(n)
+            settings = replace(settings, layout=replace(settings.layout, n_cpu_moe=n))
+            decided.append("n_cpu_moe")
             moved.append(f"-ncmoe {n}: the experts of {n} of {experts} layers in host memory")
     if not _fits(facts, settings, target, policy, weights_cache):
         current = offloaded_slots(settings.n_gpu_layers, n_layer)
@@ -93,9 +93,9 @@ def weights_off(
         )
         ngl = 0 if fewest_off is None else current - fewest_off
         settings = replace(settings, n_gpu_layers=ngl)
-        changes["--gpu-layers"] = str(ngl)
+        decided.append("n_gpu_layers")
         moved.append(f"-ngl {ngl}, {layers_words(ngl, n_layer)} on the GPU")
     elif settings.n_gpu_layers is None:
         settings = replace(settings, n_gpu_layers=n_layer + 1)  # every layer, said explicitly: -fit off
-        changes["--gpu-layers"] = str(n_layer + 1)
-    return settings, changes, " and ".join(moved)
+        decided.append("n_gpu_layers")
+    return settings, tuple(decided), " and ".join(moved)

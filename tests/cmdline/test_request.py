@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.cmdline.llama_args import parse, read_tensor_split, stof, stoi
-from safe_llama.cmdline.request import EXPERT_REGEX, Listen, listen_of, to_request
+from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Override
+from safe_llama.cmdline.request import Listen, listen_of, to_request
 
 
 @pytest.mark.parametrize(
@@ -108,30 +109,32 @@ def test_memory_options() -> None:
         {},
     )  # fmt: skip
     req = to_request(cmd)
-    assert req.kv_offload is False
-    assert [(o.pattern, o.buffer_type, o.origin) for o in req.overrides] == [
-        (r"blk\.1\.", "CPU", "-ot"),
-        ("output", "CUDA1", "-ot"),
-        (EXPERT_REGEX, "CPU", "-cmoe"),
-        (rf"blk\.0{EXPERT_REGEX}", "CPU", "-ncmoe"),
-        (rf"blk\.1{EXPERT_REGEX}", "CPU", "-ncmoe"),
+    layout = req.layout
+    assert layout.kv_offload is False
+    assert [(o.pattern, o.buffer_type) for o in layout.rules] == [
+        (r"blk\.1\.", "CPU"),
+        ("output", "CUDA1"),
+        (EXPERT_REGEX, "CPU"),
+        (rf"blk\.0{EXPERT_REGEX}", "CPU"),
+        (rf"blk\.1{EXPERT_REGEX}", "CPU"),
     ]
-    assert req.tensor_split == (3.0, 1.0) and req.split_mode == "row" and req.main_gpu == 1
-    assert req.devices == ("CUDA0", "CUDA1")
-    assert req.cache_ram_mib == 1024 and req.load_mode == "none"
+    assert (layout.cpu_moe, layout.n_cpu_moe) == (True, 2)
+    assert layout.tensor_split == (3.0, 1.0) and layout.split_mode == "row" and layout.main_gpu == 1
+    assert layout.devices == ("CUDA0", "CUDA1")
+    assert (layout.cache_ram_mib, layout.cache_ram_set, layout.load_mode) == (1024, True, "none")
     assert req.draft is not None
     assert (req.draft.model, req.draft.n_gpu_layers, req.draft.type_k, req.draft.type_v) == ("d.gguf", 5, "q8_0", "f16")
 
 
 def test_prompt_cache_defaults_to_8192_mib_for_the_server_only() -> None:
-    assert to_request(parse("server", [], {})).cache_ram_mib == 8192
-    assert to_request(parse("completion", [], {})).cache_ram_mib == 0
+    assert to_request(parse("server", [], {})).layout.cache_ram_mib == 8192
+    assert to_request(parse("completion", ["-cram", "64"], {})).layout.cache_ram_mib == 0
 
 
 def test_env_twins_count() -> None:
-    req = to_request(parse("server", [], {"LLAMA_ARG_N_CPU_MOE": "1", "LLAMA_ARG_KV_OFFLOAD": "0"}))
-    assert req.kv_offload is False
-    assert [o.origin for o in req.overrides] == ["-ncmoe"]
+    layout = to_request(parse("server", [], {"LLAMA_ARG_N_CPU_MOE": "1", "LLAMA_ARG_KV_OFFLOAD": "0"})).layout
+    assert layout.kv_offload is False
+    assert layout.rules == (Override(rf"blk\.0{EXPERT_REGEX}", "CPU"),)
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,9 @@ from typing import NoReturn
 import pytest
 
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import DEFAULT_CTX_CHECKPOINTS
 from safe_llama.cmdline.model_source import ModelSource
-from safe_llama.cmdline.request import DEFAULT_CTX_CHECKPOINTS, to_request
+from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import DeclaredLimits, Sourced
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.kv import plan_kv

@@ -9,12 +9,12 @@ import re
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import Layout
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import Target
@@ -40,7 +40,7 @@ def _replan(wide: ModelFacts, name: str, n_parallel: int | None) -> tuple[Plan, 
     target = Target(backend="cpu", host_budget=limit.budget, host_limits=(limit,))
     policy = load_policy(packaged_configs() / "planner.toml")
     request = KvRequest(tool="server", n_parallel=n_parallel)
-    return plan(wide, request, target, policy, layout=Layout(prompt_cache_mib=8192, ctx_checkpoints=32)), recorded
+    return plan(wide, request, target, policy, layout=Layout(cache_ram_mib=8192, ctx_checkpoints=32)), recorded
 
 
 def _table(name: str) -> list[list[str]]:

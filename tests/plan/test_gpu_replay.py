@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate
-from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
-from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf
@@ -97,7 +97,7 @@ def test_ngl0_places_the_copies_on_the_gpu(big: Path) -> None:
     assert "kv" not in places["CUDA0"] and f"{places['host']['kv'] / MIB:.2f}" == kv_mib
     assert compute["CUDA0"] <= places["CUDA0"]["compute"] <= compute["CUDA0"] * 1.01
     nopo = to_request(parse("server", [*argv, "--no-op-offload"], {}))
-    layout = Layout(op_offload=nopo.op_offload)
+    layout = nopo.layout
     without = memory_by_place(load_model_facts(big), LlamaSettings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
     # by rule (not recorded): without op offload the host KV is not copied over
     copied = int(cells) * 2 * 4352
@@ -122,7 +122,7 @@ def test_cpu_moe_on_the_h200_started_first_time_within_3_percent(moe: Path) -> N
     policy = load_policy(packaged_configs() / "planner.toml")
     for case, args in (("moe-cpumoe-c2M", ["-c", "2000000"]), ("moe-cpumoe-noc", [])):
         request = to_request(parse("server", ["-m", str(moe), *args, "-ngl", "99", "--cpu-moe"], {}))
-        layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))
+        layout = request.layout
         decided = plan(facts, request.kv, _h200(), policy, user_ngl=99, layout=layout)
         row = rows[case]
         assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
@@ -141,7 +141,7 @@ def test_cpu_moe_buffers_logged_on_the_h200_are_the_planned_ones(moe: Path) -> N
     facts = load_model_facts(moe)
     argv = ["-m", str(moe), "-c", cells, "-ngl", "99", "--cpu-moe", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
     request = to_request(parse("server", argv, {}))
-    layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in request.overrides))
+    layout = request.layout
     kv = plan_kv(facts, request.kv)
     assert f"{kv.total_bytes / MIB:.2f}" == kv_mib
     settings = LlamaSettings(kv=request.kv, n_gpu_layers=99, layout=layout)

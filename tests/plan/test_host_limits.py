@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import Layout, LlamaSettings
 from safe_llama.device.host_budget import HostLimit, host_budget
 from safe_llama.device.limits import Sourced
 from safe_llama.device.probe_host import CgroupMemory, HostMemory
@@ -16,7 +17,7 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, LlamaSettings, allocations
+from safe_llama.plan.memory import allocations
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Target

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import Layout, LlamaSettings
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, LlamaSettings, allocations, memory_by_place
+from safe_llama.plan.memory import allocations, memory_by_place
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import WeightsCache, layer_places
 from safe_llama.plan.target import Target

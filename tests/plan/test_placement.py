@@ -7,16 +7,17 @@ from dataclasses import replace
 import pytest
 
 from safe_llama.backends.openvino import STATEFUL_ENV
-from safe_llama.cmdline.request import EXPERT_REGEX
+from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Draft, Layout, LlamaSettings, Override
+from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Draft, Layout, LlamaSettings, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 
 GIB = 1 << 30
@@ -110,14 +111,14 @@ def test_tensor_split_over_two_devices() -> None:
 
 def test_draft_mmproj_and_prompt_cache() -> None:
     draft = Draft(facts=moe_facts(2), n_gpu_layers=0, type_k="q8_0", type_v="q8_0")
-    mem = place(Layout(draft=draft, mmproj_bytes=7 * MIB, mmproj_offload=False, prompt_cache_mib=1))
+    mem = place(Layout(draft=draft, mmproj_bytes=7 * MIB, mmproj_offload=False, cache_ram_mib=1))
     assert mem["host"]["draft_weights"] == 2 * 40 * MIB + 10 * MIB
     assert mem["host"]["draft_kv"] > 0 and "draft_kv" not in mem["CUDA0"]
     assert mem["host"]["mmproj"] == 7 * MIB
     assert mem["host"]["prompt_cache"] == MIB
     # server_prompt_cache's token limit (n_ctx) rises to what its byte limit holds: the bytes bound it
-    assert place(Layout(prompt_cache_mib=8192))["host"]["prompt_cache"] == 8192 * MIB
-    unbounded = place(Layout(prompt_cache_mib=-1))
+    assert place(Layout(cache_ram_mib=8192))["host"]["prompt_cache"] == 8192 * MIB
+    unbounded = place(Layout(cache_ram_mib=-1))
     kv = plan_kv(moe_facts(), KvRequest(tool="server", n_ctx=4096, n_parallel=1)).total_bytes
     assert unbounded["host"]["prompt_cache"] == kv  # -1: no byte limit, one context's worth of tokens
 
@@ -215,3 +216,18 @@ def test_vulkan_tied_embedding_over_the_storage_range(embd: int, device_weights:
     mem = memory_by_place(tied_facts(embd), settings, vulkan)
     assert mem["Vulkan0"]["weights"] == device_weights
     assert mem["host"]["weights"] == embd
+
+
+def test_no_repack_drops_the_host_weights_repacked_copy() -> None:
+    """-nr (--no-repack): llama.cpp loads the host's weights without its extra buffer types, so no CPU_REPACK
+    copy of the q4_0 matrices; the plan counts none."""
+    facts = moe_facts()
+    q4 = replace(facts, tensor_types=("q4_0",) * len(facts.tensors))
+    host = Target(
+        backend="cpu", host_budget=Sourced(64 * GIB, "declared", "test"), cpu_repack_types=frozenset({"q4_0"})
+    )
+    kv = KvRequest(tool="completion", n_ctx=4096)
+    for argv, repacked in ([], 4 * 40 * MIB + 5 * MIB), (["-nr"], 0):
+        layout = to_request(parse("completion", argv, {})).layout
+        mem = memory_by_place(q4, LlamaSettings(kv=kv, layout=layout), host)
+        assert mem["host"].get("repacked", 0) == repacked, argv

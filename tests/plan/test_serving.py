@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import Layout
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
@@ -92,7 +93,7 @@ def test_size_serving(
 
 def test_the_plan_sets_both_under_a_cgroup_and_stays_under_it(swa: ModelFacts, policy: Policy) -> None:
     decided = plan(swa, KvRequest(tool="server", n_ctx=8192, n_parallel=4), _cgroup(512), policy,
-                   layout=Layout(prompt_cache_mib=8192, ctx_checkpoints=32))  # fmt: skip
+                   layout=Layout(cache_ram_mib=8192, ctx_checkpoints=32))  # fmt: skip
     changes = decided.argv_changes
     assert int(str(changes["--cache-ram"])) < 8192 and 0 < int(str(changes["--ctx-checkpoints"])) <= 32
     assert any(step.name == "serving" for step in decided.steps)
@@ -107,7 +108,7 @@ def test_the_plan_sets_both_under_a_cgroup_and_stays_under_it(swa: ModelFacts, p
 def test_no_cgroup_no_change(wide: ModelFacts, policy: Policy) -> None:
     ram = HostLimit("ram", Sourced(512 * MIB, "probed", "MemAvailable"))
     target = Target(backend="cpu", host_budget=ram.budget, host_limits=(ram,))
-    decided = plan(wide, KvRequest(tool="server", n_ctx=8192), target, policy, layout=Layout(prompt_cache_mib=8192))
+    decided = plan(wide, KvRequest(tool="server", n_ctx=8192), target, policy, layout=Layout(cache_ram_mib=8192))
     assert "--cache-ram" not in decided.argv_changes
     completion = plan(wide, KvRequest(tool="completion", n_ctx=8192), _cgroup(512), policy)
     assert "--cache-ram" not in completion.argv_changes
@@ -116,12 +117,12 @@ def test_no_cgroup_no_change(wide: ModelFacts, policy: Policy) -> None:
 def test_a_users_cache_is_counted_against_the_cgroup(wide: ModelFacts, policy: Policy) -> None:
     """-cram 64 under 256 MiB: the context shrinks to leave it room; -cram 8192 fits nowhere."""
     request = KvRequest(tool="server", n_ctx=1 << 20)
-    without = plan(wide, request, _cgroup(256), policy, layout=Layout(prompt_cache_mib=8192))
-    kept = plan(wide, request, _cgroup(256), policy, layout=Layout(prompt_cache_mib=64, prompt_cache_set=True))
+    without = plan(wide, request, _cgroup(256), policy, layout=Layout(cache_ram_mib=8192))
+    kept = plan(wide, request, _cgroup(256), policy, layout=Layout(cache_ram_mib=64, cache_ram_set=True))
     assert "--cache-ram" not in kept.argv_changes
     assert without.kv.total_bytes - kept.kv.total_bytes >= 64 * MIB - 16 * 1024 * 256
     with pytest.raises(SafeLlamaError, match="prompt cache"):
-        plan(wide, request, _cgroup(256), policy, layout=Layout(prompt_cache_mib=8192, prompt_cache_set=True))
+        plan(wide, request, _cgroup(256), policy, layout=Layout(cache_ram_mib=8192, cache_ram_set=True))
 
 
 def _declared(mib: int) -> Target:
@@ -133,7 +134,7 @@ def test_a_declared_host_budget_sizes_both_as_a_cgroup_does(swa: ModelFacts, pol
     """--host-memory is the server's for good, as a cgroup's limit: the cache and checkpoints are sized into it
     and counted in its total (free RAM alone sizes neither: test_no_cgroup_no_change)."""
     request = KvRequest(tool="server", n_ctx=8192, n_parallel=4)
-    decided = plan(swa, request, _declared(512), policy, layout=Layout(prompt_cache_mib=8192, ctx_checkpoints=32))
+    decided = plan(swa, request, _declared(512), policy, layout=Layout(cache_ram_mib=8192, ctx_checkpoints=32))
     changes = decided.argv_changes
     assert int(str(changes["--cache-ram"])) < 8192 and 0 < int(str(changes["--ctx-checkpoints"])) <= 32
     (step,) = [step for step in decided.steps if step.name == "serving"]
@@ -146,6 +147,6 @@ def test_a_declared_host_budget_sizes_both_as_a_cgroup_does(swa: ModelFacts, pol
 def test_a_users_cache_is_counted_against_a_declared_budget(wide: ModelFacts, policy: Policy) -> None:
     request = KvRequest(tool="server", n_ctx=8192)
     with pytest.raises(SafeLlamaError, match="prompt cache"):
-        plan(wide, request, _declared(512), policy, layout=Layout(prompt_cache_mib=8192, prompt_cache_set=True))
-    kept = plan(wide, request, _declared(512), policy, layout=Layout(prompt_cache_mib=64, prompt_cache_set=True))
+        plan(wide, request, _declared(512), policy, layout=Layout(cache_ram_mib=8192, cache_ram_set=True))
+    kept = plan(wide, request, _declared(512), policy, layout=Layout(cache_ram_mib=64, cache_ram_set=True))
     assert "--cache-ram" not in kept.argv_changes and kept.fits

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import load_model_facts
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, LlamaSettings, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 from safe_llama.run.retry import Attempt, Learned, learn
 from tests import FIXTURES as TEST_FIXTURES
@@ -78,7 +78,7 @@ def _free_at_plan(row: dict[str, object], policy: Policy) -> int:
 def _plan(model: Path, args: list[str], target: Target, policy: Policy) -> tuple[list[str], Plan]:
     req = to_request(parse("server", ["-m", str(model), *args], {}))
     ngl = int(req.n_gpu_layers) if req.n_gpu_layers is not None else None
-    layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides))
+    layout = req.layout
     decided = plan(load_model_facts(model), req.kv, target, policy, user_ngl=ngl, layout=layout)
     return [f"{k} {v}" for k, v in decided.argv_changes.items()], decided
 
@@ -140,7 +140,7 @@ def test_the_moe_compute_buffer_that_failed_is_planned_now(models: dict[str, Pat
     row = _rows("runs-free5.json")["moe-ngl99"]
     free = _free_at_plan(row, policy)
     req = to_request(parse("server", ["-m", str(models["moe"]), "-c", "8192", "-ngl", "99", "-ncmoe", "4"], {}))
-    layout = Layout(overrides=tuple(Override(o.pattern, o.buffer_type) for o in req.overrides))
+    layout = req.layout
     places = memory_by_place(facts, LlamaSettings(kv=req.kv, n_gpu_layers=99, layout=layout), _h200(free, policy))
     assert abs(places["CUDA0"]["weights"] - 3459.69 * MIB) < 0.01 * MIB
     assert places["CUDA0"]["compute"] >= failed - 0.05 * MIB

@@ -8,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import Layout
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.split import balanced_split, device_names, free_split, layer_places

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.backends.openvino import STATEFUL_ENV
+from safe_llama.cmdline.memory_flags import LlamaSettings, argv_changes
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import LlamaSettings
 from safe_llama.plan.policy import STEPS, Policy, load_policy
 from safe_llama.plan.steps import LADDER, Inputs, State, Step, go_stateful, walk, worst
 from safe_llama.plan.target import Target
@@ -64,7 +64,7 @@ def test_stateful_moves_the_kv_to_host_ram(facts: ModelFacts, policy: Policy) ->
     after = LADDER["stateful"](inputs, state, worst(inputs.allocations(state.settings)))
     assert after is not None and after.settings.stateful
     assert after.env == {STATEFUL_ENV: "1"} and [s.name for s in after.taken] == ["stateful"]
-    assert "--parallel" not in after.changes  # one sequence already
+    assert "n_parallel" not in after.decided  # one sequence already
     assert inputs.fits(after.settings)
     assert LADDER["stateful"](inputs, after, worst(inputs.allocations(after.settings))) is None  # once only
 
@@ -72,7 +72,7 @@ def test_stateful_moves_the_kv_to_host_ram(facts: ModelFacts, policy: Policy) ->
 def test_stateful_from_the_users_environment_sets_one_slot_and_no_variable(facts: ModelFacts, policy: Policy) -> None:
     inputs = _inputs(facts, _igpu(), policy, tool="server")
     after = go_stateful(inputs, _start(inputs), f"your {STATEFUL_ENV}=1: KV in host RAM", {})
-    assert after.changes == {"--parallel": "1"} and after.env == {}
+    assert argv_changes(after.settings, after.decided) == {"--parallel": "1"} and after.env == {}
     assert after.settings.kv.n_parallel == 1 and after.settings.kv.kv_unified is None
     assert after.taken == (Step("stateful", f"your {STATEFUL_ENV}=1: KV in host RAM, one slot (-np 1) as it requires"),)
 
@@ -81,7 +81,7 @@ def test_ctx_takes_the_largest_that_fits_and_keeps_its_reason(facts: ModelFacts,
     inputs = _inputs(facts, _igpu(), policy)
     state = _start(inputs)
     after = LADDER["ctx"](inputs, state, worst(inputs.allocations(state.settings)))
-    assert after is not None and after.changes == {"--ctx-size": "37376"}
+    assert after is not None and argv_changes(after.settings, after.decided) == {"--ctx-size": "37376"}
     assert (
         after.ctx_reason.endswith(": -c ")
         and after.taken[0].reason == f"{after.ctx_reason}37376, the largest that fits"
@@ -101,7 +101,11 @@ def test_kv_q4_sets_the_type_and_flash_attention(facts: ModelFacts, policy: Poli
     state = _start(inputs)
     after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
     assert after is not None
-    assert after.changes == {"--cache-type-k": "q4_0", "--cache-type-v": "q4_0", "--flash-attn": "on"}
+    assert argv_changes(after.settings, after.decided) == {
+        "--cache-type-k": "q4_0",
+        "--cache-type-v": "q4_0",
+        "--flash-attn": "on",
+    }
     assert (after.settings.kv.type_k, after.settings.kv.flash_attn) == ("q4_0", "on")
     assert LADDER["kv-q8"](inputs, after, worst(inputs.allocations(after.settings))) is None  # already smaller
 
@@ -122,7 +126,10 @@ def test_walk_stops_once_it_fits(facts: ModelFacts, policy: Policy) -> None:
 
 
 def test_took_keeps_a_changed_options_first_place() -> None:
-    state = State(LlamaSettings(kv=KvRequest(tool="server")), changes={"--gpu-layers": "20", "--fit": "off"})
-    after = state.took(Step("ngl", "why"), changes={"--ctx-size": "4096", "--gpu-layers": "10"})
-    assert list(after.changes.items()) == [("--gpu-layers", "10"), ("--fit", "off"), ("--ctx-size", "4096")]
+    state = State(LlamaSettings(kv=KvRequest(tool="server"), n_gpu_layers=20), decided=("n_gpu_layers", "fit"))
+    settings = LlamaSettings(kv=KvRequest(tool="server", n_ctx=4096, fit=False), n_gpu_layers=10)
+    after = state.took(Step("ngl", "why"), settings, ("n_ctx", "n_gpu_layers"))
+    assert list(argv_changes(after.settings, after.decided).items()) == [
+        ("--gpu-layers", "10"), ("--fit", "off"), ("--ctx-size", "4096"),
+    ]  # fmt: skip
     assert after.taken == (Step("ngl", "why"),) and state.taken == ()

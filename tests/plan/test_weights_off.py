@@ -7,14 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from safe_llama.cmdline.request import EXPERT_REGEX
+from safe_llama.cmdline.memory_flags import Layout, LlamaSettings, Override, argv_changes
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import Layout, LlamaSettings, allocations
+from safe_llama.plan.memory import allocations
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.split import Override
 from safe_llama.plan.target import Target
 from safe_llama.plan.weights_off import layers_words, weights_off
 from tests.tiny_gguf import write_tiny_gguf
@@ -59,8 +58,7 @@ def _on_gpu(facts: ModelFacts, settings: LlamaSettings, policy: Policy) -> int:
 
 
 def _ncmoe(settings: LlamaSettings, n: int) -> LlamaSettings:
-    rules = tuple(Override(rf"blk\.{il}{EXPERT_REGEX}", "CPU") for il in range(n))
-    return replace(settings, layout=replace(settings.layout, overrides=settings.layout.overrides + rules))
+    return replace(settings, layout=replace(settings.layout, n_cpu_moe=n))
 
 
 @pytest.mark.parametrize(
@@ -80,22 +78,23 @@ def test_layers_words(n: int, expected: str) -> None:
 
 
 def test_it_fits_as_asked_and_says_every_layer_explicitly(moe: ModelFacts, policy: Policy) -> None:
-    settings, changes, moved = weights_off(moe, SETTINGS, _gpu(1 << 30), policy)
-    assert changes == {"--gpu-layers": "5"} and moved == ""
-    assert settings.n_gpu_layers == 5 and settings.layout.overrides == ()
+    settings, decided, moved = weights_off(moe, SETTINGS, _gpu(1 << 30), policy)
+    assert argv_changes(settings, decided) == {"--gpu-layers": "5"} and moved == ""
+    assert settings.n_gpu_layers == 5 and settings.layout.rules == ()
     kept = replace(SETTINGS, n_gpu_layers=3)
-    assert weights_off(moe, kept, _gpu(1 << 30), policy) == (kept, {}, "")  # the user's -ngl, when it fits
+    assert weights_off(moe, kept, _gpu(1 << 30), policy) == (kept, (), "")  # the user's -ngl, when it fits
 
 
 @pytest.mark.parametrize("fewest", [1, 2, 3, 4])
 def test_the_fewest_layers_experts_that_make_it_fit(moe: ModelFacts, policy: Policy, fewest: int) -> None:
     sizes = [_on_gpu(moe, _ncmoe(SETTINGS, n), policy) for n in range(5)]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 5  # each layer's experts weigh
-    settings, changes, moved = weights_off(moe, SETTINGS, _gpu(sizes[fewest]), policy)
-    assert changes == {"--n-cpu-moe": str(fewest), "--gpu-layers": "5"}  # every layer stays, said explicitly
+    settings, decided, moved = weights_off(moe, SETTINGS, _gpu(sizes[fewest]), policy)
+    # every layer stays, said explicitly
+    assert argv_changes(settings, decided) == {"--n-cpu-moe": str(fewest), "--gpu-layers": "5"}
     assert moved == f"-ncmoe {fewest}: the experts of {fewest} of 4 layers in host memory"
-    assert len(settings.layout.overrides) == fewest and settings.layout.overrides[-1].buffer_type == "CPU"
-    assert all(rule.pattern.startswith(rf"blk\.{il}\.") for il, rule in enumerate(settings.layout.overrides))
+    assert len(settings.layout.rules) == fewest and settings.layout.rules[-1].buffer_type == "CPU"
+    assert all(rule.pattern.startswith(rf"blk\.{il}\.") for il, rule in enumerate(settings.layout.rules))
     assert settings.n_gpu_layers == 5  # layers move only once every expert is off
 
 
@@ -103,39 +102,42 @@ def test_the_users_tensor_rules_come_first(moe: ModelFacts, policy: Policy) -> N
     mine = Override("token_embd", "CPU")
     asked = replace(SETTINGS, layout=Layout(overrides=(mine,)))
     budget = _on_gpu(moe, _ncmoe(asked, 2), policy)
-    settings, changes, _ = weights_off(moe, asked, _gpu(budget), policy)
-    assert settings.layout.overrides[0] == mine and len(settings.layout.overrides) == 3
-    assert changes == {"--n-cpu-moe": "2", "--gpu-layers": "5"}
+    settings, decided, _ = weights_off(moe, asked, _gpu(budget), policy)
+    assert settings.layout.rules[0] == mine and len(settings.layout.rules) == 3
+    assert argv_changes(settings, decided) == {"--n-cpu-moe": "2", "--gpu-layers": "5"}
 
 
 def test_experts_before_layers_then_the_most_layers_that_stay(moe: ModelFacts, policy: Policy) -> None:
     all_off = _ncmoe(SETTINGS, 4)
     sizes = [_on_gpu(moe, replace(all_off, n_gpu_layers=n), policy) for n in range(6)]
     assert sizes == sorted(sizes)
-    settings, changes, moved = weights_off(moe, SETTINGS, _gpu(sizes[3]), policy)
-    assert changes == {"--n-cpu-moe": "4", "--gpu-layers": "3"}
+    settings, decided, moved = weights_off(moe, SETTINGS, _gpu(sizes[3]), policy)
+    assert argv_changes(settings, decided) == {"--n-cpu-moe": "4", "--gpu-layers": "3"}
     assert moved == (
         "-ncmoe 4: the experts of 4 of 4 layers in host memory"
         " and -ngl 3, 2 of 4 layers and the output layer on the GPU"
     )
-    assert settings.n_gpu_layers == 3 and len(settings.layout.overrides) == 4
+    assert settings.n_gpu_layers == 3 and len(settings.layout.rules) == 4
 
 
 def test_a_dense_model_moves_layers_only(dense: ModelFacts, policy: Policy) -> None:
     sizes = [_on_gpu(dense, replace(SETTINGS, n_gpu_layers=n), policy) for n in range(6)]
-    settings, changes, moved = weights_off(dense, SETTINGS, _gpu(sizes[2] + (sizes[3] - sizes[2]) // 2), policy)
-    assert changes == {"--gpu-layers": "2"} and moved == "-ngl 2, 1 of 4 layers and the output layer on the GPU"
-    assert settings.layout.overrides == ()
+    settings, decided, moved = weights_off(dense, SETTINGS, _gpu(sizes[2] + (sizes[3] - sizes[2]) // 2), policy)
+    assert (
+        argv_changes(settings, decided) == {"--gpu-layers": "2"}
+        and moved == "-ngl 2, 1 of 4 layers and the output layer on the GPU"
+    )
+    assert settings.layout.rules == ()
 
 
 def test_nothing_on_the_gpu_when_no_layer_fits(dense: ModelFacts, policy: Policy) -> None:
-    settings, changes, moved = weights_off(dense, SETTINGS, _gpu(1 << 20), policy)
-    assert settings.n_gpu_layers == 0 and changes == {"--gpu-layers": "0"}
+    settings, decided, moved = weights_off(dense, SETTINGS, _gpu(1 << 20), policy)
+    assert settings.n_gpu_layers == 0 and argv_changes(settings, decided) == {"--gpu-layers": "0"}
     assert moved == "-ngl 0, no layer on the GPU"
 
 
 def test_a_users_ngl_is_lowered_from_where_it_was(dense: ModelFacts, policy: Policy) -> None:
     asked = replace(SETTINGS, n_gpu_layers=99)  # "as many as fit": all 5 slots
     sizes = [_on_gpu(dense, replace(SETTINGS, n_gpu_layers=n), policy) for n in range(6)]
-    settings, changes, _ = weights_off(dense, asked, _gpu(sizes[4]), policy)
-    assert settings.n_gpu_layers == 4 and changes == {"--gpu-layers": "4"}
+    settings, decided, _ = weights_off(dense, asked, _gpu(sizes[4]), policy)
+    assert settings.n_gpu_layers == 4 and argv_changes(settings, decided) == {"--gpu-layers": "4"}

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.device.devices import probe_devices
 from safe_llama.model.facts import model_facts
 from safe_llama.model.gguf_header import read_header
 from safe_llama.model.kv import KvRequest
-from safe_llama.plan.memory import LlamaSettings, memory_by_place
+from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.target import target_from
 from tests.llama_run import free_port, healthy, run_server_until_ready
 

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import pytest
+
+from safe_llama.cmdline.llama_args import arg_table, parse, rewrite
+from safe_llama.cmdline.memory_flags import (
+    BY_FIELD,
+    FLAGS,
+    Layout,
+    LlamaSettings,
+    argv_changes,
+    kv_request,
+    layout,
+    setting,
+)
+from safe_llama.errors import SafeLlamaError
+from safe_llama.model.kv import KvRequest
+
+
+def test_each_row_names_a_canonical_option_and_one_field() -> None:
+    keys = {spec.key for spec in arg_table("server").specs}
+    assert [f.option for f in FLAGS if f.option not in keys] == []
+    assert len(BY_FIELD) == len(FLAGS) == len({f.option for f in FLAGS})  # one row per option, per field
+    homes = [{f.name for f in fields(cls)} for cls in (KvRequest, LlamaSettings, Layout)]
+    for flag in FLAGS:
+        assert sum(flag.field in names for names in homes) == 1, flag.field
+        assert flag.given_field is None or flag.given_field in homes[2]
+
+
+CHOSEN = LlamaSettings(
+    kv=KvRequest(tool="server", n_ctx=8192, n_parallel=1, type_k="q8_0", type_v="q4_0", flash_attn="on", fit=False),
+    n_gpu_layers=17,
+    layout=Layout(n_cpu_moe=3, tensor_split=(3.0, 5.0), cache_ram_mib=512, ctx_checkpoints=4),
+)
+WRITTEN = [f.field for f in FLAGS if f.write is not None]
+
+
+def test_what_the_plan_writes_reads_back_as_the_settings_value() -> None:
+    argv = rewrite(parse("server", [], {}), argv_changes(CHOSEN, WRITTEN))
+    cmd = parse("server", argv, {})
+    read = {"kv": kv_request(cmd), "layout": layout(cmd)}
+    for name in WRITTEN:
+        flag = BY_FIELD[name]
+        holder = read["kv"] if name in {f.name for f in fields(KvRequest)} else read["layout"]
+        value = getattr(holder, name) if hasattr(holder, name) else flag.read(cmd, flag)
+        assert value == setting(CHOSEN, name), name
+
+
+def test_changes_keep_the_order_decided_and_the_settings_values() -> None:
+    assert argv_changes(CHOSEN, ("n_gpu_layers", "fit", "n_ctx", "tensor_split")) == {
+        "--gpu-layers": "17", "--fit": "off", "--ctx-size": "8192", "--tensor-split": "3,5",
+    }  # fmt: skip
+    assert argv_changes(replace(CHOSEN, layout=Layout(tensor_split=(0.5, 1.0))), ("tensor_split",)) == {
+        "--tensor-split": "0.5,1"
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["-c", "x"], "safe-llama: -c: 'x' is not a whole number", id="stoi"),
+        pytest.param(["-c", "-5"], "safe-llama: -c: -5 is negative", id="negative-ctx"),
+        pytest.param(["-fa", "maybe"], "safe-llama: -fa: 'maybe' is not on, off or auto", id="fa"),
+    ],
+)
+def test_values_llama_cpp_refuses_are_usage_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(SafeLlamaError) as err:
+        kv_request(parse("server", argv, {}))
+    assert err.value.message == message
+
+
+def test_a_value_from_the_environment_says_where_it_came_from() -> None:
+    with pytest.raises(SafeLlamaError) as err:
+        layout(parse("server", [], {"LLAMA_ARG_MAIN_GPU": "one"}))
+    assert err.value.message == "safe-llama: -mg (from LLAMA_ARG_MAIN_GPU): 'one' is not a whole number"
