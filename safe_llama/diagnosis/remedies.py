@@ -23,7 +23,7 @@ from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
 from safe_llama.plan.memory import allocations
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Lessons, Probed, Target, target_policy, with_learned
+from safe_llama.plan.target import Lessons, Probed, Target, target_policy
 from safe_llama.plan.words import describe, limit_words
 from safe_llama.units import human
 
@@ -229,8 +229,9 @@ def log_target(facts: LogMachine, failure: FailedAllocation, policy: Policy) -> 
         device=facts.device,
         host_limits=limits,
     )
-    target = Target.of(probed, target_policy(policy, probed), Lessons())
-    target = with_learned(target, failure.limit_bytes if on_gpu else None)
+    target = Target.of(
+        probed, target_policy(policy, probed), Lessons(learned_max_alloc=failure.limit_bytes if on_gpu else None)
+    )
     note = None
     if on_gpu and facts.integrated is None:
         note = "whether that GPU is integrated is not in the log: planned as a discrete one"

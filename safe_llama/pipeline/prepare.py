@@ -32,8 +32,6 @@ from safe_llama.plan.target import (
     remote_devices,
     target_from,
     target_policy,
-    with_learned,
-    with_worker_caps,
 )
 from safe_llama.units import human
 
@@ -51,12 +49,6 @@ class PlanOptions:
     llama_bin: str | None = None
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
-    learned_max_alloc: int | None = None
-    kv_cap: int | None = None  # after a failed start: stay at or under this much KV
-    compute_extra: int = 0  # after a failed start that named the compute buffers' size: what the estimate missed
-    margin_scale: float = 1.0  # after a failed start: the share of the policy's margin kept (planner.Target)
-    worker_caps: tuple[tuple[str, int], ...] = ()  # after a worker stopped during a start: (host:port, bytes)
-    device_cap: int | None = None  # after a start failed on the local GPU: it held less than this
 
 
 DEFAULT_ATTEMPTS = 4
@@ -206,21 +198,16 @@ def _prepare(
     prepared = Prepared(
         cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
     )
-    return replan(prepared, options, env)
+    return replan(prepared, options, Lessons(), env)
 
 
-def replan(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> Prepared:
-    """The plan again for the same model and device, with what was learned (a device limit, a KV cap): the
-    model and the devices are not read again (the policy files are, through load_policy's cache)."""
+def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapping[str, str]) -> Prepared:
+    """The plan again for the same model and device, with what failed starts taught (a device limit, a KV
+    cap: the new target holds them): the model and the devices are not read again (the policy files are,
+    through load_policy's cache)."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
-    probed = with_worker_caps(with_learned(prepared.target, options.learned_max_alloc), options.worker_caps).probed
+    probed = prepared.target.probed
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
-    lessons = Lessons(
-        kv_cap=options.kv_cap,
-        compute_extra=options.compute_extra,
-        margin_scale=options.margin_scale,
-        device_cap=options.device_cap,
-    )
     target = Target.of(probed, target_policy(policy, probed), lessons)
     try:
         decided: Plan | None = plan(

@@ -85,14 +85,19 @@ class TargetPolicy:
 
 @dataclass(frozen=True)
 class Lessons:
-    """What failed starts taught (run.retry): the next plan stays under these."""
+    """What failed starts taught: the one record of it, kept by the attempt loop (run/retry.py), remembered in
+    part (run/remember.py) and planned with here; the next plan stays under these."""
 
+    learned_max_alloc: int | None = None  # the device's largest single allocation, named by the device
     kv_cap: int | None = None  # the next plan's KV must stay at or under this
-    compute_extra: int = 0  # a failed start named the compute buffers' size: bytes the estimate missed
+    # bytes the compute estimate missed at a failed size (a failed start named the compute buffers' size):
+    # added at every size, since one failure cannot tell a missed fixed part from a missed per-cell part
+    compute_extra: int = 0
     # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
     # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
     margin_scale: float = 1.0
-    device_cap: int | None = None  # the local GPU held less than this
+    device_cap: int | None = None  # the local GPU held less than this (its weights could not be allocated)
+    worker_caps: tuple[tuple[str, int], ...] = ()  # RPC workers that stopped during a start: (host:port, bytes)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,10 @@ class Target(Lessons, TargetPolicy, Probed):
 
     @classmethod
     def of(cls, probed: Probed, policy: TargetPolicy, lessons: Lessons) -> Target:
-        return cls(**_values(probed, Probed), **_values(policy, TargetPolicy), **_values(lessons, Lessons))
+        """The three together, the probed limits lowered to what the lessons showed (a max allocation the
+        device named, RPC workers' caps)."""
+        lowered = _with_worker_caps(_with_learned(probed, lessons.learned_max_alloc), lessons.worker_caps)
+        return cls(**_values(lowered, Probed), **_values(policy, TargetPolicy), **_values(lessons, Lessons))
 
     @property
     def probed(self) -> Probed:
@@ -236,7 +244,7 @@ def target_from(
 
 def remote_devices(listed: Sequence[LlamaDevice], declared: Sequence[tuple[str, int]]) -> tuple[RemoteDevice, ...]:
     """The RPC workers' devices with what each may hold: a declared budget (the worker's cgroup cap or GPU,
-    which rpc-server does not report), else what it reports free (with_worker_caps lowers it after a failure)."""
+    which rpc-server does not report), else what it reports free (Target.of lowers it after a failure)."""
     budgets = dict(declared)
     out = []
     for device in listed:
@@ -248,14 +256,14 @@ def remote_devices(listed: Sequence[LlamaDevice], declared: Sequence[tuple[str, 
     return tuple(out)
 
 
-def with_learned(target: Target, learned_max_alloc: int | None) -> Target:
+def _with_learned(target: Probed, learned_max_alloc: int | None) -> Probed:
     """The target with a max allocation the device itself named in a failed start (when it is lower)."""
     if learned_max_alloc is None or (target.max_alloc is not None and target.max_alloc.value <= learned_max_alloc):
         return target
     return replace(target, max_alloc=Sourced(learned_max_alloc, "learned", "from the device's own error message"))
 
 
-def with_worker_caps(target: Target, caps: Sequence[tuple[str, int]]) -> Target:
+def _with_worker_caps(target: Probed, caps: Sequence[tuple[str, int]]) -> Probed:
     """The target with RPC workers' memory lowered to what a failed start showed they cannot exceed."""
     if not caps:
         return target

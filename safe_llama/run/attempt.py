@@ -1,11 +1,11 @@
 """One attempt of a launch: start (or adopt) llama.cpp under supervision and hand back how it ended, with what
-goes around it: the watcher (error signatures, then the ready actions), the probe that keeps systemd's start
+goes around it: the ready actions the signature watcher calls, the probe that keeps systemd's start
 timeout pushed out, and the ready actions (remember the plan, write the launch record, tell systemd, feed its
 watchdog).
 
 Owns run_attempt, the one attempt body of both launch.run_attempts and an early start's launch.adopted, and
 its helpers. Must not decide what to start or whether to retry: the attempt loop and its decisions are
-launch.py's, the process handling supervise.py's.
+attempt_loop.py's, the process handling supervise.py's.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from safe_llama.run.sdnotify import Notifier
 from safe_llama.units import human
 
 if TYPE_CHECKING:
-    from safe_llama.diagnosis.signatures import Failure, SignatureTable
+    from safe_llama.diagnosis.signatures import SignatureTable
     from safe_llama.pipeline.prepare import PlanOptions, Prepared
     from safe_llama.run.childproc import Started
     from safe_llama.run.fast_record import Recorder
     from safe_llama.run.readiness import ReadinessProbe
     from safe_llama.run.relay import Stream
-    from safe_llama.run.supervise import Outcome, Verdict
+    from safe_llama.run.supervise import Outcome
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0
@@ -50,7 +50,7 @@ def run_attempt(
     *,
     number: int,
     status: str,
-    store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None,
+    store: tuple[str, Prepared, Mapping[str, str]] | None = None,
     record: Callable[[], None] | None = None,
     recorder: Recorder | None = None,
     started: Started | None = None,
@@ -74,7 +74,7 @@ def run_attempt(
     outcome = supervise.supervise_child(
         argv,
         env,
-        watcher=Watcher(shared.table, on_ready),
+        watcher=supervise.SignatureWatcher(shared.table, on_ready),
         probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=started,
     )
@@ -92,7 +92,7 @@ class ReadyActions:
         self.say = say
         self.notifier = notifier
         self.attempt = attempt
-        self.store: tuple[str, Prepared, PlanOptions, Mapping[str, str]] | None = None
+        self.store: tuple[str, Prepared, Mapping[str, str]] | None = None
         self.record: Callable[[], None] | None = None  # the launch record, once the plan is remembered
         self.health: Callable[[], bool] | None = None
         self._stop = threading.Event()
@@ -100,8 +100,8 @@ class ReadyActions:
 
     def __call__(self) -> None:
         if self.store is not None:
-            digest, prepared, options, env = self.store
-            if remember_plan(digest, prepared, options, env) and self.record is not None:
+            digest, prepared, env = self.store
+            if remember_plan(digest, prepared, env) and self.record is not None:
                 self.record()
         self.notifier.ready(f"ready (attempt {self.attempt})")
         interval = self.notifier.watchdog_interval
@@ -144,34 +144,14 @@ class NotifyingProbe:
         return self._inner.check()
 
 
-class Watcher:
-    """The signature watcher, plus the ready actions."""
-
-    def __init__(self, table: SignatureTable, on_ready: ReadyActions) -> None:
-        from safe_llama.run.supervise import SignatureWatcher
-
-        self._inner = SignatureWatcher(table)
-        self._on_ready = on_ready
-
-    def output(self, stream: Stream, data: bytes) -> Verdict:
-        return self._inner.output(stream, data)
-
-    def ready(self) -> None:
-        self._inner.ready()
-        self._on_ready()
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        return self._inner.conclude(returncode, oom_evidence)
-
-
-def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> bool:
+def remember_plan(digest: str, prepared: Prepared, env: Mapping[str, str]) -> bool:
     from safe_llama.run import remember
 
     assert prepared.plan is not None
     record = remember.after_ready(
         remember.recall(digest, env),
         prepared.plan.kv.total_bytes,
-        options.learned_max_alloc,
+        prepared.target.learned_max_alloc,
         prepared.target.host_budget.value,
     )
     try:
@@ -182,9 +162,7 @@ def remember_plan(digest: str, prepared: Prepared, options: PlanOptions, env: Ma
     return True
 
 
-def remember_kill(
-    prepared: Prepared, digest: str | None, options: PlanOptions, evidence: str, env: Mapping[str, str], say: Say
-) -> None:
+def remember_kill(prepared: Prepared, digest: str | None, evidence: str, env: Mapping[str, str], say: Say) -> None:
     """A ready llama.cpp was killed for lack of memory (a request touched more than the plan held): the next
     start with the same key plans a KV below it (policy: oom_after_ready_kv_share), so a service manager's
     restart does not meet the same kill at the next long request."""
@@ -199,7 +177,7 @@ def remember_kill(
         say(f"{where}; not remembered (remembering is off)", "error")
         return
     share = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml").oom_after_ready_kv_share
-    record = remember.after_kill(kv, share, options.learned_max_alloc, prepared.target.host_budget.value)
+    record = remember.after_kill(kv, share, prepared.target.learned_max_alloc, prepared.target.host_budget.value)
     try:
         remember.store(digest, record, env)
     except OSError as err:

@@ -288,7 +288,7 @@ def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str
     limits = prepared.target.limits_on_host
     if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":
         return None
-    if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, env), prepared):
+    if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, prepared.target.lessons, env), prepared):
         return None
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     settings = prepared.plan.settings

@@ -1,29 +1,38 @@
-"""After a failed start: what the failure teaches, and where the next attempt's search stands.
+"""After a failed start: how big the attempt was, what the failure teaches, and where the next attempt's search
+stands.
 
-Owns the retry's arithmetic: the number an error names (a device's largest allocation, a compute buffer's
-real size), the step below a failure that names nothing usable, and the halving after that. Pure: values
-in, values out; must not plan, launch or read anything.
+Owns the retry's arithmetic: an attempt's footprint (each attempt must be smaller than the last failed one in
+one of its figures), the number an error names (a device's largest allocation, a compute buffer's real size,
+what the local GPU could not hold), the step below a failure that names nothing usable, and the halving after
+that. Pure: values in, values out (plan.Lessons in and out); must not plan, launch or read anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from safe_llama.diagnosis.signatures import Failure
+from safe_llama.plan.target import Lessons
 from safe_llama.units import human
+
+if TYPE_CHECKING:
+    from safe_llama.pipeline.prepare import Prepared
 
 # The first step below a failed size that taught nothing else: when the next attempt starts, it is within
 # this share of the largest that starts (that one lies between the two).
 STEP = 0.03
 # A compute buffer this much larger than the estimate (and what was learned) is news; below, it was right.
 _NEWS = 1.01
-
-Margin = Literal["keep", "band"]
+# Lessons.margin_scale: the policy's margin kept, or the search from the top of the margin band.
+KEEP_MARGIN = 1.0
+MARGIN_BAND = -1.0
 
 # A worker that stopped during a start held more than it can: its next share is at most this much of what
 # the failed plan put there (its real limit is unknown: rpc-server reports its host's RAM, not its cgroup's).
 WORKER_SHARE = 0.75
+
+Footprint = tuple[int, int, int]  # (bytes planned on the local GPU, KV bytes on the device, KV bytes in all)
 
 
 @dataclass(frozen=True)
@@ -32,50 +41,28 @@ class Attempt:
 
     kv_bytes: int  # KV cache in all
     compute_estimate: int  # the planner's compute estimate at its context (0: not planned)
-    stepped: bool = False  # it was sized by a step below an earlier failure (the KV cap bound it)
     device: str | None = None  # the local GPU's name (CUDA0, Vulkan0), when the plan put layers there
 
 
 @dataclass(frozen=True)
-class Learned:
-    """Everything the failed starts so far have taught, as the planner takes it."""
-
-    max_alloc: int | None = None  # the device's largest single allocation, named by the device
-    # bytes the compute estimate missed at the failed size: added at every size, since one failure cannot
-    # tell a missed fixed part from a missed per-cell part and the search only goes down (safe either way)
-    compute_extra: int = 0
-    kv_cap: int | None = None  # the next KV stays at or under this
-    # how the host or device limit is planned: with the policy's margin, or from the top of the margin
-    # band (the limit plus the margin: where the search below an exact limit starts)
-    margin: Margin = "keep"
-    device_cap: int | None = None  # the local GPU held less than this (its weights could not be allocated)
-
-
-@dataclass(frozen=True)
 class Lesson:
-    learned: Learned
+    lessons: Lessons  # everything the failed starts so far have taught, as the planner takes it
     reason: str  # one sentence for the user: what the next attempt is sized by
 
 
-def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int | None, search_band: bool) -> Lesson:
-    """What the next attempt is planned with after `failure`.
-
-    lower_kv: the KV of the plan with the policy's margin (what the planner believes starts), if known.
-    search_band: the limit is known to the byte (RLIMIT_AS), so only the planner's own model is uncertain,
-    and a start that does not fit fails before readiness: the search may start from the top of the
-    plan's margin band and step down. Otherwise the next plan keeps the margin.
-    """
+def named_lesson(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """What a failure that names a usable number teaches (a device's max allocation, the weights' size on
+    the local GPU, the compute buffers' real size); None: it names nothing usable (step_below then)."""
     limit = failure.limit_bytes
-    if limit is not None and (before.max_alloc is None or limit < before.max_alloc):
-        learned = replace(before, max_alloc=limit, margin="keep")
-        return Lesson(learned, f"device max allocation {human(limit)} learned from the device's own error")
+    if limit is not None and (before.learned_max_alloc is None or limit < before.learned_max_alloc):
+        lessons = replace(before, learned_max_alloc=limit, margin_scale=KEEP_MARGIN)
+        return Lesson(lessons, f"device max allocation {human(limit)} learned from the device's own error")
     requested = failure.requested_bytes
     if failure.stage == "weights" and requested is not None and _on_device(failure.buffer, attempt.device):
         # the first allocation of a start: less than this was free on the device, whatever the KV
         cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
-        learned = replace(before, device_cap=cap, margin="keep")
         return Lesson(
-            learned,
+            replace(before, device_cap=cap, margin_scale=KEEP_MARGIN),
             f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
             "the KV kept as planned",
         )
@@ -85,17 +72,30 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
         and attempt.compute_estimate > 0
         and requested > (attempt.compute_estimate + before.compute_extra) * _NEWS
     ):
-        learned = replace(before, compute_extra=requested - attempt.compute_estimate, margin="keep")
         return Lesson(
-            learned,
+            replace(before, compute_extra=requested - attempt.compute_estimate, margin_scale=KEEP_MARGIN),
             f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
             " planning with the size named",
         )
-    if attempt.stepped and lower_kv is not None and lower_kv < attempt.kv_bytes:
+    return None
+
+
+def step_below(
+    attempt: Attempt, failure: Failure, before: Lessons, *, stepped: bool, lower_kv: int | None, search_band: bool
+) -> Lesson:
+    """The next KV below a failure that named nothing usable.
+
+    stepped: the failed attempt was sized by a step below an earlier failure (the KV cap bound it).
+    lower_kv: the KV of the plan with the policy's margin (what the planner believes starts), when stepped.
+    search_band: the limit is known to the byte (RLIMIT_AS), so only the planner's own model is uncertain,
+    and a start that does not fit fails before readiness: the search may start from the top of the
+    plan's margin band and step down. Otherwise the next plan keeps the margin.
+    """
+    if stepped and lower_kv is not None and lower_kv < attempt.kv_bytes:
         # a step below a failure failed too: the largest that starts is further down, halve the gap
         cap = min(int(attempt.kv_bytes * (1 - STEP)), (attempt.kv_bytes + lower_kv) // 2)
         how = "halfway to the planned size"
-    elif attempt.stepped:
+    elif stepped:
         cap = attempt.kv_bytes // 2
         how = "half of it"
     else:
@@ -104,9 +104,9 @@ def learn(attempt: Attempt, failure: Failure, before: Learned, *, lower_kv: int 
     if before.kv_cap is not None:
         cap = min(cap, before.kv_cap)
     what = _what_failed(failure, attempt)
-    margin: Margin = "band" if search_band else "keep"
     where = "from the top of the plan's margin" if search_band else "with the plan's margin"
-    return Lesson(replace(before, kv_cap=cap, margin=margin), f"{what}: next KV {how}, planned {where}")
+    margin = MARGIN_BAND if search_band else KEEP_MARGIN
+    return Lesson(replace(before, kv_cap=cap, margin_scale=margin), f"{what}: next KV {how}, planned {where}")
 
 
 def _on_device(buffer: str | None, device: str | None) -> bool:
@@ -126,3 +126,50 @@ def worker_cap(planned_bytes: int, cap_before: int | None) -> int:
     more than an earlier cap."""
     cap = int(planned_bytes * WORKER_SHARE)
     return cap if cap_before is None else min(cap, cap_before)
+
+
+def with_worker_cap(before: Lessons, endpoint: str, planned_bytes: int) -> tuple[Lessons, int]:
+    """The lessons with a worker's next share capped (worker_cap), and that cap."""
+    caps = dict(before.worker_caps)
+    cap = caps[endpoint] = worker_cap(planned_bytes, caps.get(endpoint))
+    return replace(before, worker_caps=tuple(sorted(caps.items()))), cap
+
+
+# ---------------------------------------------------------------------------------------------------
+# An attempt's size, computed with the planner's arithmetic
+# ---------------------------------------------------------------------------------------------------
+
+
+def attempted(prepared: Prepared, kv_now: Footprint | None, *, planned: bool) -> Attempt:
+    """The failed attempt as the retry's arithmetic sees it: its KV, and the compute estimate at its size."""
+    from safe_llama.model.kv import plan_kv
+    from safe_llama.plan.compute import compute_estimate
+
+    kv = prepared.plan.kv if planned and prepared.plan is not None else plan_kv(prepared.facts, prepared.request.kv)
+    kv_bytes = kv_now[2] if kv_now is not None else kv.total_bytes
+    req = prepared.plan.settings.kv if prepared.plan is not None else prepared.request.kv
+    target = prepared.target
+    estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
+    device = target.device if target.on_gpu and not target.integrated else None
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, device=device)
+
+
+def planned_footprint(prepared: Prepared) -> Footprint:
+    """(bytes planned on the local GPU, KV bytes on the device, KV bytes in all): each attempt must be smaller
+    than the last in one of them."""
+    from safe_llama.plan.memory import memory_by_place
+
+    assert prepared.plan is not None
+    total = prepared.plan.kv.total_bytes
+    on_device = prepared.target.on_gpu and not prepared.plan.settings.stateful
+    places = memory_by_place(prepared.facts, prepared.plan.settings, prepared.target)
+    device = sum(places.get(prepared.target.device or "", {}).values())
+    return (device, total if on_device else 0, total)
+
+
+def unplanned_footprint(prepared: Prepared) -> Footprint:
+    from safe_llama.model.kv import plan_kv
+
+    total = plan_kv(prepared.facts, prepared.request.kv).total_bytes
+    on_device = total if prepared.target.on_gpu else 0
+    return (on_device, on_device, total)

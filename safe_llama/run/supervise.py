@@ -107,14 +107,16 @@ def exit_code_for(returncode: int) -> int:
 
 
 class SignatureWatcher:
-    """Scans start-up output for error signatures (one line scanner per stream).
+    """Scans start-up output for error signatures (one line scanner per stream), and calls on_ready (the
+    attempt's ready actions) once start-up is over.
 
     Answers STOP_FAILED at the first allocation failure: the child may go on running after one (the
     OpenVINO GPU plugin does) and then cannot serve.
     """
 
-    def __init__(self, table: SignatureTable) -> None:
+    def __init__(self, table: SignatureTable, on_ready: Callable[[], None] | None = None) -> None:
         self._table = table
+        self._on_ready = on_ready
         self._scanners: dict[Stream, Scanner] = {}
         self.matches: list[Match] = []
 
@@ -128,6 +130,8 @@ class SignatureWatcher:
 
     def ready(self) -> None:
         self._scanners.clear()
+        if self._on_ready is not None:
+            self._on_ready()
 
     def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
         for scanner in self._scanners.values():

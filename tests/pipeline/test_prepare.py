@@ -169,21 +169,21 @@ def test_replan_with_a_lesson_is_smaller_and_reads_nothing_again(
     monkeypatch.setattr("safe_llama.device.devices.probe_devices", no_reading)
     monkeypatch.setattr("safe_llama.device.binaries.find_binary", no_reading)
     cap = first.plan.kv.total_bytes // 4
-    lesson = replace(HOST_4G, kv_cap=cap)
-    again = replan(first, lesson, env)
+    again = replan(first, HOST_4G, Lessons(kv_cap=cap), env)
     assert again.plan is not None and again.plan.kv.total_bytes <= cap
     assert again.plan.kv.context.n_ctx < first.plan.kv.context.n_ctx
     assert again.target.kv_cap == cap and first.target.kv_cap is None  # the lesson is in the new target only
     assert (again.facts, again.cmd, again.layout, again.device) == (first.facts, first.cmd, first.layout, first.device)
-    unchanged = replan(first, HOST_4G, env)
+    unchanged = replan(first, HOST_4G, Lessons(), env)
     assert unchanged.plan is not None and final_argv(unchanged) == final_argv(first)
 
 
 def test_replan_hands_every_lesson_to_the_target(model: Path, env: dict[str, str]) -> None:
     first = prepare("completion", ["-m", str(model), "-c", "65536"], env, HOST_4G)
-    lessons = Lessons(kv_cap=8 * MIB, compute_extra=3 * MIB, margin_scale=0.5, device_cap=GIB)
-    options = replace(HOST_4G, learned_max_alloc=64 * MIB, **vars(lessons))
-    again = replan(first, options, env)
+    lessons = Lessons(
+        learned_max_alloc=64 * MIB, kv_cap=8 * MIB, compute_extra=3 * MIB, margin_scale=0.5, device_cap=GIB
+    )
+    again = replan(first, HOST_4G, lessons, env)
     assert again.target.lessons == lessons and first.target.lessons == Lessons()
     assert again.target.max_alloc == Sourced(64 * MIB, "learned", "from the device's own error message")
 
@@ -191,14 +191,14 @@ def test_replan_hands_every_lesson_to_the_target(model: Path, env: dict[str, str
 def test_replan_with_compute_missed_plans_a_smaller_context(model: Path, env: dict[str, str]) -> None:
     tight = PlanOptions(declared=DeclaredLimits(host_memory_bytes=64 * MIB))
     first = prepare("completion", ["-m", str(model), "-c", "65536"], env, tight)
-    again = replan(first, replace(tight, compute_extra=8 * MIB), env)
+    again = replan(first, tight, Lessons(compute_extra=8 * MIB), env)
     assert first.plan is not None and again.plan is not None
     assert again.plan.kv.context.n_ctx < first.plan.kv.context.n_ctx
 
 
 def test_replan_below_the_floor_is_nothing_fits(model: Path, env: dict[str, str]) -> None:
     first = prepare("completion", ["-m", str(model), "-c", "65536"], env, HOST_4G)
-    again = replan(first, replace(HOST_4G, kv_cap=1024, min_ctx=4096), env)
+    again = replan(first, replace(HOST_4G, min_ctx=4096), Lessons(kv_cap=1024), env)
     assert again.plan is None and again.error is not None and again.error.status == ExitStatus.NOTHING_FITS
 
 

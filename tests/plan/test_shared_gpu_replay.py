@@ -23,8 +23,8 @@ from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Target
-from safe_llama.run.retry import Attempt, Learned, learn
+from safe_llama.plan.target import Lessons, Target
+from safe_llama.run.retry import Attempt, named_lesson
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -193,12 +193,9 @@ def test_weights_that_failed_cap_the_device_and_keep_the_kv() -> None:
     failure = classify(scan_text(load_table(), data), 1)
     assert failure is not None and failure.stage == "weights" and failure.buffer == "CUDA0"
     assert failure.requested_bytes == 8_864_530_432
-    lesson = learn(
-        Attempt(kv_bytes=805_306_368, compute_estimate=1, device="CUDA0"), failure, Learned(), lower_kv=None,
-        search_band=False,
-    )  # fmt: skip
-    assert lesson.learned.device_cap == 8_864_530_431
-    assert lesson.learned.kv_cap is None
+    lesson = named_lesson(Attempt(kv_bytes=805_306_368, compute_estimate=1, device="CUDA0"), failure, Lessons())
+    assert lesson is not None and lesson.lessons.device_cap == 8_864_530_431
+    assert lesson.lessons.kv_cap is None
     assert "did not fit on CUDA0" in lesson.reason and "the KV kept" in lesson.reason
 
 

@@ -17,8 +17,6 @@ from safe_llama.plan.target import (
     atoi,
     kv_splits,
     target_policy,
-    with_learned,
-    with_worker_caps,
 )
 
 GIB = 1 << 30
@@ -104,11 +102,12 @@ def test_kv_splits_reads_the_probed_facts(
 
 
 def test_a_learned_max_alloc_only_lowers() -> None:
-    target = Target(backend="vulkan", host_budget=Sourced(GIB, "declared", "t"), max_alloc=Sourced(GIB, "probed", "x"))
-    lower = with_learned(target, 512 * MIB)
+    probed = Probed(backend="vulkan", host_budget=Sourced(GIB, "declared", "t"), max_alloc=Sourced(GIB, "probed", "x"))
+    lower = Target.of(probed, TargetPolicy(), Lessons(learned_max_alloc=512 * MIB))
     assert lower.max_alloc is not None and (lower.max_alloc.value, lower.max_alloc.source) == (512 * MIB, "learned")
-    assert with_learned(target, 2 * GIB) is target
-    assert with_learned(target, None) is target
+    assert lower.lessons == Lessons(learned_max_alloc=512 * MIB)
+    assert Target.of(probed, TargetPolicy(), Lessons(learned_max_alloc=2 * GIB)).max_alloc == probed.max_alloc
+    assert Target.of(probed, TargetPolicy(), Lessons()).max_alloc == probed.max_alloc
 
 
 def test_worker_caps_lower_only_the_named_worker() -> None:
@@ -116,8 +115,8 @@ def test_worker_caps_lower_only_the_named_worker() -> None:
         RemoteDevice("RPC0", "10.0.0.1:50052", GIB, Sourced(GIB, "probed", "reports")),
         RemoteDevice("RPC1", "10.0.0.2:50052", GIB, Sourced(GIB, "probed", "reports")),
     )
-    target = Target(backend="cpu", host_budget=Sourced(GIB, "declared", "t"), remote=workers)
-    capped = with_worker_caps(target, [("10.0.0.2:50052", 300 * MIB)])
+    probed = Probed(backend="cpu", host_budget=Sourced(GIB, "declared", "t"), remote=workers)
+    capped = Target.of(probed, TargetPolicy(), Lessons(worker_caps=(("10.0.0.2:50052", 300 * MIB),)))
     assert capped.remote[0] == workers[0]
     assert (capped.remote[1].memory.value, capped.remote[1].memory.source) == (300 * MIB, "learned")
 

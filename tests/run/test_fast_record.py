@@ -264,8 +264,8 @@ def test_the_least_budget_is_the_planner_s_own_threshold(setup: Setup) -> None:
     least = setup.record()["host"][1]
     options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
     prepared = prepare("completion", setup.args, os.environ, options)
-    at_least = replan(fast_record._under_ram(prepared, least), options, os.environ)
-    below = replan(fast_record._under_ram(prepared, least - 1), options, os.environ)
+    at_least = replan(fast_record._under_ram(prepared, least), options, prepared.target.lessons, os.environ)
+    below = replan(fast_record._under_ram(prepared, least - 1), options, prepared.target.lessons, os.environ)
     assert final_argv(at_least) == final_argv(prepared)
     assert below.plan is None or final_argv(below) != final_argv(prepared)
 
