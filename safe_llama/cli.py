@@ -73,7 +73,7 @@ def _group() -> TyperGroup:
     """`safe-llama` itself: its own options, typer's completion options, and every command of the table."""
     return TyperGroup(
         name=ROOT,
-        commands=[_command(command) for command in COMMANDS],
+        commands=[_command(command) for command in COMMANDS.values()],
         params=[*map(_option, (o for o in OPTIONS if ROOT in o.commands)), *get_install_completion_arguments()],
         help="Start llama.cpp the first time: predict its memory, pick settings that fit, launch it.",
         epilog=_epilog(),

@@ -1,6 +1,7 @@
 """The console scripts' entry points and the one dispatch: every command of `safe-llama` (a launch, a
 drop-in, rpc-server, plan, the admin commands) is decided in `run`, its options read from the one table
-(cmdline.own_options). Pass-through invocations (help, version, usage errors) exec the real llama.cpp
+(cmdline.own_options); an admin command runs as the main of the commands/ module its row names, imported
+only then. Pass-through invocations (help, version, usage errors) exec the real llama.cpp
 binary first; nothing here imports typer: only help (and typer's shell completion) loads cli.
 
 A launch whose plan is known from a launch record starts llama.cpp first of all (run/early.py), before
@@ -22,6 +23,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy rea
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from safe_llama.cmdline.own_options import Command
     from safe_llama.run.early import Early
 
 HELP_WORDS = ("--help", "--install-completion", "--show-completion")  # answered by cli (typer)
@@ -72,8 +74,8 @@ def run(args: list[str], *, console: bool = False) -> int:
         return guarded(lambda: _rpc_server(args[1:]))
     from safe_llama.cmdline import own_options
 
-    if word in own_options.COMMAND_NAMES:
-        return _command(word, args[1:])
+    if word in own_options.COMMANDS:
+        return _command(own_options.COMMANDS[word], args[1:])
     if word in ("", *HELP_WORDS):
         return _help(args)
     if word in own_options.options_of(own_options.ROOT):  # --version, the one option before any word
@@ -83,7 +85,7 @@ def run(args: list[str], *, console: bool = False) -> int:
         return 0
     if word in TOOLS or word[:1] == "-":
         return _launch_words(args, console)
-    commands = ", ".join(own_options.COMMAND_NAMES)
+    commands = ", ".join(own_options.COMMANDS)
     tools = ", ".join(TOOLS)
     from safe_llama.errors import ExitStatus
 
@@ -112,94 +114,27 @@ def _launch_words(args: list[str], console: bool) -> int:
     return guarded(lambda: _launch(tool, tool_args, given, door))
 
 
-def _command(word: str, args: list[str]) -> int:
-    """A command word's own options read from the table, then its one call (`--help`: cli shows it)."""
-    from safe_llama.cmdline.own_options import COMMANDS, read
+def _command(command: Command, args: list[str]) -> int:
+    """A command word's own options read from the table, then the main of the module its row names, imported
+    only now (`--help`: cli shows it)."""
+    from importlib import import_module
+
+    from safe_llama.cmdline.own_options import read
     from safe_llama.errors import ExitStatus, SafeLlamaError
     from safe_llama.run.exits import guarded
 
     def body() -> int:
-        reading = read(word, args)
+        reading = read(command.name, args)
         if reading.help:
-            return _help([word, "--help"])
-        takes_words = any(command.arguments for command in COMMANDS if command.name == word)
-        if reading.words and not takes_words:
-            raise SafeLlamaError(f"safe-llama: {word}: takes no arguments ('{reading.words[0]}')", ExitStatus.USAGE)
-        return RUNNERS[word](reading.settings, reading.words)
+            return _help([command.name, "--help"])
+        if reading.words and not command.arguments:
+            raise SafeLlamaError(
+                f"safe-llama: {command.name}: takes no arguments ('{reading.words[0]}')", ExitStatus.USAGE
+            )
+        runner: Callable[[Mapping[str, str], list[str]], int] = import_module(command.module).main
+        return runner(reading.settings, reading.words)
 
     return guarded(body)
-
-
-def _check_tool(tool: str | None) -> str:
-    from safe_llama.cmdline.launch_args import check_tool
-
-    return check_tool(tool, "(e.g. safe-llama plan server -m model.gguf)")
-
-
-def _plan(settings: Mapping[str, str], words: list[str]) -> int:
-    from safe_llama.commands.plan import run_plan
-
-    return run_plan(tool=_check_tool(words[0] if words else None), args=words[1:], given=settings)
-
-
-def _devices(settings: Mapping[str, str], words: list[str]) -> int:
-    from safe_llama.cmdline.own_options import flag, integrated
-    from safe_llama.commands.devices import run_devices_command
-
-    run_devices_command(
-        llama_bin=settings.get("bin_dir"), device=settings.get("device"),
-        openvino_device=settings.get("openvino_device"), profile=settings.get("profile"),
-        max_alloc=settings.get("max_alloc"), device_memory=settings.get("device_memory"),
-        integrated=integrated(settings), host_memory=settings.get("host_memory"),
-        refresh=bool(flag(settings, "refresh")), json_out=bool(flag(settings, "json")),
-    )  # fmt: skip
-    return 0
-
-
-def _install_shims(settings: Mapping[str, str], words: list[str]) -> int:
-    from pathlib import Path
-
-    from safe_llama.cmdline.own_options import flag
-    from safe_llama.commands import shims
-    from safe_llama.errors import ExitStatus
-
-    folder = Path(settings["dir"]) if settings.get("dir") else shims.default_dir(os.environ)
-    remove = bool(flag(settings, "remove"))
-    lines, ok = shims.install_shims(folder, scripts=shims.scripts_dir(), remove=remove, path=os.environ.get("PATH", ""))
-    sys.stdout.write("".join(f"safe-llama: {line}\n" for line in lines))
-    return int(ExitStatus.OK if ok else ExitStatus.FAILED)
-
-
-def _forget(settings: Mapping[str, str], words: list[str]) -> int:
-    from safe_llama.run import remember
-
-    sys.stdout.write(f"safe-llama: forgot {remember.forget(os.environ)} remembered plan(s)\n")
-    return 0
-
-
-def _explain(settings: Mapping[str, str], words: list[str]) -> int:
-    from safe_llama.cmdline.own_options import flag
-    from safe_llama.commands.explain import run_explain
-
-    tool = settings.get("tool")
-    return run_explain(
-        file=words[0] if words else "-", args=words[1:], model=settings.get("model"),
-        tool=None if tool is None else _check_tool(tool), json_out=bool(flag(settings, "json")),
-    )  # fmt: skip
-
-
-def _doctor(settings: Mapping[str, str], words: list[str]) -> int:
-    from safe_llama.cmdline.own_options import flag
-    from safe_llama.commands.doctor import run_doctor
-
-    return run_doctor(json_out=bool(flag(settings, "json")), refresh=bool(flag(settings, "refresh")))
-
-
-# every command word of own_options.COMMANDS -> its one call (a test holds the two equal)
-RUNNERS: dict[str, Callable[[Mapping[str, str], list[str]], int]] = {
-    "plan": _plan, "devices": _devices, "install-shims": _install_shims, "forget": _forget, "explain": _explain,
-    "doctor": _doctor,
-}  # fmt: skip
 
 
 def _help(args: list[str]) -> int:

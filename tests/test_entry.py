@@ -9,8 +9,45 @@ from safe_llama import entry
 from safe_llama.cmdline import own_options
 
 
-def test_every_command_has_one_runner() -> None:
-    assert set(entry.RUNNERS) == set(own_options.COMMAND_NAMES)
+@pytest.mark.parametrize("command", own_options.COMMANDS.values(), ids=list(own_options.COMMANDS))
+def test_every_command_s_module_has_its_runner(command: own_options.Command) -> None:
+    """The row names a commands/ module whose main(settings, words) entry.run calls."""
+    import importlib
+    import inspect
+
+    assert command.module.startswith("safe_llama.commands.")
+    runner = importlib.import_module(command.module).main
+    assert list(inspect.signature(runner).parameters) == ["settings", "words"]
+
+
+def test_neither_a_launch_nor_the_help_imports_a_command() -> None:
+    """The table names each command's module as text: entry.run imports it only when its word runs."""
+    import subprocess
+    import sys
+
+    from tests import ROOT
+
+    script = (
+        "import sys; from safe_llama import entry; from safe_llama.cmdline.launch_args import split; "
+        "split(['--min-ctx', '5', 'server', '-m', 'x.gguf']); entry.run(['plan', '--help']); "
+        "entry.run(['--help']); print([m for m in sys.modules if m.startswith('safe_llama.commands')])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_doctor_gets_what_the_table_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from safe_llama.commands import doctor
+
+    calls: list[dict[str, object]] = []
+
+    def run_doctor(**call: object) -> int:
+        calls.append(call)
+        return 1
+
+    monkeypatch.setattr(doctor, "run_doctor", run_doctor)
+    assert entry.run(["doctor", "--refresh"]) == 1
+    assert calls == [{"json_out": False, "refresh": True}]
 
 
 def test_plan_gets_what_the_table_reads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,10 +1,13 @@
-"""safe-llama's own options, once: the one table of every option of every command (the launcher's, `plan`'s,
-the admin commands'), with the commands themselves, and the one reader of those options.
+"""safe-llama's own options and commands, once: the one table of every option of every command (the
+launcher's, `plan`'s, the admin commands'), the one table of the admin commands (each word, the commands/
+module that runs it, its help and its arguments), and the one reader of those options.
 
-Owns the options' names, which commands take them, their values, help texts and SAFE_LLAMA_* variables;
-entry.py reads argv with `read`, cli.py builds the help from the same rows, and cmdline.launch_args takes the
-launcher's variables and config keys from here. Must stay light (no typer, no dataclasses: the launch and
-`plan` paths read it before anything else) and must not resolve values (launch_args, pipeline.options do).
+Owns the options' names, which commands take them, their values, help texts and SAFE_LLAMA_* variables, and
+which module runs each command; entry.py reads argv with `read` and imports a command's module only when its
+word runs, cli.py builds the help and the completion from the same rows, and cmdline.launch_args takes the
+launcher's variables and config keys from here. Must stay light (no typer, no dataclasses, no command module
+imported: the launch and `plan` paths read it before anything else) and must not resolve values
+(launch_args, pipeline.options do).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Argument(NamedTuple):
 
 class Command(NamedTuple):
     name: str
+    module: str  # the commands/ module whose main(settings, words) runs it, imported only then (entry.py)
     help: str
     arguments: tuple[Argument, ...] = ()
     loose: bool = False  # words and unknown options may mix with its own options (explain)
@@ -95,21 +99,25 @@ OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 TOOL_ARGS = Argument("args", "the llama.cpp tool's own arguments", many=True)
-COMMANDS: tuple[Command, ...] = (
-    Command("plan", "Show what llama.cpp will allocate for a command line, and the settings that fit.",
+TOOL_HINT = "(e.g. safe-llama plan server -m model.gguf)"  # where a command's tool goes, in its usage error
+COMMANDS: dict[str, Command] = {command.name: command for command in (
+    Command("plan", "safe_llama.commands.plan",
+            "Show what llama.cpp will allocate for a command line, and the settings that fit.",
             (Argument("cli|server|completion", "cli, server or completion"), TOOL_ARGS), tool_first=True),
-    Command("devices", "Show the devices, the limits that apply to the target, and the host memory budget."),
-    Command("install-shims", "Put llama-cli, llama-server, llama-completion links to safe-llama's drop-ins on PATH "
+    Command("devices", "safe_llama.commands.devices",
+            "Show the devices, the limits that apply to the target, and the host memory budget."),
+    Command("install-shims", "safe_llama.commands.shims",
+            "Put llama-cli, llama-server, llama-completion links to safe-llama's drop-ins on PATH "
             "(exit 1: one was left alone because a file safe-llama did not make is there)."),
-    Command("forget", "Forget every remembered plan and learned limit."),
-    Command("explain",
+    Command("forget", "safe_llama.commands.forget", "Forget every remembered plan and learned limit."),
+    Command("explain", "safe_llama.commands.explain",
             "Explain a failed llama.cpp run from its log, and what would fit (exit 1: no failure recognised).",
             (Argument("file", "the llama.cpp log to read; - (the default) reads stdin"),
              Argument("args", "the failed run's llama.cpp arguments, when the log lacks them", many=True)),
             loose=True),
-    Command("doctor", "Check this machine's set-up for llama.cpp, one line each with a fix (exit 1: a check failed)."),
-)  # fmt: skip
-COMMAND_NAMES = tuple(command.name for command in COMMANDS)
+    Command("doctor", "safe_llama.commands.doctor",
+            "Check this machine's set-up for llama.cpp, one line each with a fix (exit 1: a check failed)."),
+)}  # fmt: skip
 HELP = "--help"  # every command's; it prints the help instead of running
 
 
@@ -131,8 +139,9 @@ def read(command: str, args: list[str]) -> Reading:
     command is loose (explain's failed run), an error when not. Raises SafeLlamaError, one line naming the
     option, for an unknown option or a missing value."""
     known = options_of(command)
-    loose = any(c.loose for c in COMMANDS if c.name == command)
-    stop_at_word = command == LAUNCH or any(c.tool_first for c in COMMANDS if c.name == command)
+    row = COMMANDS.get(command)
+    loose = row is not None and row.loose
+    stop_at_word = command == LAUNCH or (row is not None and row.tool_first)
     where = "safe-llama" if command == LAUNCH else f"safe-llama {command}"
     settings: dict[str, str] = {}
     words: list[str] = []

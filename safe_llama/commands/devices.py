@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.own_options import flag, integrated
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.declared import declared_limits
 from safe_llama.device.device_map import TargetDevice
@@ -237,3 +238,15 @@ def run_devices_command(
         binary_note=note,
     )
     sys.stdout.write((report_json(report) if json_out else render_text(report)) + "\n")
+
+
+def main(settings: Mapping[str, str], words: list[str]) -> int:
+    """The command's runner (cmdline.own_options.COMMANDS): `devices`' options as entry.py read them."""
+    run_devices_command(
+        llama_bin=settings.get("bin_dir"), device=settings.get("device"),
+        openvino_device=settings.get("openvino_device"), profile=settings.get("profile"),
+        max_alloc=settings.get("max_alloc"), device_memory=settings.get("device_memory"),
+        integrated=integrated(settings), host_memory=settings.get("host_memory"),
+        refresh=bool(flag(settings, "refresh")), json_out=bool(flag(settings, "json")),
+    )  # fmt: skip
+    return 0

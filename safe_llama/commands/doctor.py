@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
+from safe_llama.cmdline.own_options import flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.binaries import locate_binary
 from safe_llama.device.device_map import TargetDevice
@@ -612,3 +613,8 @@ def run_doctor(
     checks = run_checks(probe_machine(env=env, refresh=refresh))
     (sys.stdout if out is None else out).write(render_json(checks) + "\n" if json_out else render_text(checks))
     return exit_code(checks)
+
+
+def main(settings: Mapping[str, str], words: list[str]) -> int:
+    """The command's runner (cmdline.own_options.COMMANDS): `doctor`'s options as entry.py read them."""
+    return run_doctor(json_out=bool(flag(settings, "json")), refresh=bool(flag(settings, "refresh")))

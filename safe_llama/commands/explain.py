@@ -1,10 +1,13 @@
 """`safe-llama explain`: a llama.cpp log in; what failed, why, and what would fit (as command lines) out.
 
 Owns the explanation (the failure in plain words, why, the remedies chosen) and its rendering as text or JSON;
-the log is read by run.log_reading, the words are plan.words', the remedies plan.remedies' and
-plan.number_remedies'. Pure but for `run_explain` at the bottom, which reads the log and the model's GGUF
-header; must not probe this machine (no llama.cpp, no OpenCL or sysfs: the log's machine is the one planned
-for), load a model, or hold planning policy (configs/planner.toml does).
+the log is read by diagnosis.log_reading, the words are diagnosis.words', the remedies diagnosis.remedies' and
+diagnosis.number_remedies'. Pure but for `run_explain` and the command's runner `main` at the bottom, which
+read the log and the model's GGUF header; must not probe this machine (no llama.cpp, no OpenCL or sysfs: the
+log's machine is the one planned for), load a model, or hold planning policy (configs/planner.toml does).
+
+Over 400 lines on purpose: one command's explanation, its two renderings and the shell that feeds them, read
+together; every rule they apply lives in diagnosis/.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+from safe_llama.cmdline.launch_args import check_tool
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.own_options import TOOL_HINT, flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
@@ -396,3 +401,13 @@ def run_explain(
     stream = sys.stdout if out is None else out
     stream.write(to_json(expl) + "\n" if json_out else render_text(expl))
     return expl.exit_code
+
+
+def main(settings: Mapping[str, str], words: list[str]) -> int:
+    """The command's runner (cmdline.own_options.COMMANDS): `explain`'s options as entry.py read them, then
+    the log file and the failed run's arguments."""
+    tool = settings.get("tool")
+    return run_explain(
+        file=words[0] if words else "-", args=words[1:], model=settings.get("model"),
+        tool=None if tool is None else check_tool(tool, TOOL_HINT), json_out=bool(flag(settings, "json")),
+    )  # fmt: skip

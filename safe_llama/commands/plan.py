@@ -100,3 +100,12 @@ def run_plan(*, tool: str, args: list[str], given: Mapping[str, str], env: Mappi
     settings, origins = launch_args.resolve_sourced(launcher, env)
     options = replace(launch_options(settings, origins).plan, kv_split=flag(given, "kv_split"))
     return plan_command(tool=tool, args=args, json_out=bool(flag(given, "json")), options=options, env=env)
+
+
+def main(settings: Mapping[str, str], words: list[str]) -> int:
+    """The command's runner (cmdline.own_options.COMMANDS): `plan`'s options as entry.py read them, then the
+    tool and its llama.cpp arguments."""
+    from safe_llama.cmdline.launch_args import check_tool
+    from safe_llama.cmdline.own_options import TOOL_HINT
+
+    return run_plan(tool=check_tool(words[0] if words else None, TOOL_HINT), args=words[1:], given=settings)

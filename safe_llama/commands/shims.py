@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
+
+from safe_llama.cmdline.own_options import flag
+from safe_llama.errors import ExitStatus
 
 SHIMS = {
     "llama-cli": "safe-llama-cli",
@@ -75,3 +79,13 @@ def install_shims(directory: Path, *, scripts: Path, remove: bool = False, path:
         elif Path(winner).parent != directory:
             lines.append(f"llama-server on PATH is {winner}, which comes before {directory}")
     return lines, ok
+
+
+def main(settings: Mapping[str, str], words: list[str]) -> int:
+    """The command's runner (cmdline.own_options.COMMANDS): `install-shims`' options as entry.py read them."""
+    folder = Path(settings["dir"]) if settings.get("dir") else default_dir(os.environ)
+    lines, ok = install_shims(
+        folder, scripts=scripts_dir(), remove=bool(flag(settings, "remove")), path=os.environ.get("PATH", "")
+    )
+    sys.stdout.write("".join(f"safe-llama: {line}\n" for line in lines))
+    return int(ExitStatus.OK if ok else ExitStatus.FAILED)

@@ -237,3 +237,16 @@ def test_no_binary_anywhere_still_reports(
     assert data["llama"] is None
     assert "not found" in data["llama_note"]
     assert (data["target"]["backend"], data["target"]["backend_device"]) == ("openvino", "GPU")
+
+
+def test_the_runner_passes_the_table_s_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from safe_llama.commands import devices
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(devices, "run_devices_command", lambda **call: calls.append(call))
+    settings = {"bin_dir": "/b", "device": "GPU0", "discrete": "1", "integrated": "1", "json": "1"}
+    assert devices.main(settings, []) == 0
+    assert calls == [{
+        "llama_bin": "/b", "device": "GPU0", "openvino_device": None, "profile": None, "max_alloc": None,
+        "device_memory": None, "integrated": False, "host_memory": None, "refresh": False, "json_out": True,
+    }]  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.commands.shims import SHIMS, install_shims
+from safe_llama.commands.shims import SHIMS, install_shims, main
 from tests.conftest import console_script
 
 
@@ -48,6 +48,22 @@ def test_a_real_binary_is_left_alone(tmp_path: Path, scripts: Path) -> None:
     assert f"left {real} alone: it is a file safe-llama did not make" in lines
     assert (shims / "llama-cli").is_symlink()
     assert any("not on PATH" in line for line in lines)
+
+
+def test_the_command_says_each_line_and_exits_1_when_one_was_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "llama-server").write_bytes(b"real")
+    assert main({"dir": str(shims)}, []) == 1
+    said = capsys.readouterr().out.splitlines()
+    assert f"safe-llama: left {shims / 'llama-server'} alone: it is a file safe-llama did not make" in said
+    assert main({"dir": str(shims), "remove": "1"}, []) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"safe-llama: removed {shims / name}" for name in SHIMS if name != "llama-server"
+    ]
+    assert sorted(p.name for p in shims.iterdir()) == ["llama-server"]
 
 
 @pytest.mark.slow
