@@ -43,11 +43,12 @@ PY=${PYTHON:-python3}
 # The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
 # $ORIGIN/../openvino-libs, a link re-pointed at every run: a new virtual environment with the same
 # openvino version needs no rebuild; another version does.
-# The stamp in .complete names what the build holds: a build from before the RPC backend is built again.
-OV_STAMP=rpc
+# The stamp in .complete names what the build holds: a build from before the RPC backend, or one with ggml's AMX
+# kernels (below), is built again.
+OV_STAMP="rpc no-amx"
 if [ "$FLAVOUR" = openvino ]; then
   OV_LIBS=$("$PY" -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "libs"))')
-  OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)') rpc"
+  OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)') $OV_STAMP"
 fi
 
 say() { echo "build-llama: $*" >&2; }
@@ -110,6 +111,14 @@ ARGS=(
   -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
   -DGGML_RPC=ON                    # the RPC backend (--rpc) and rpc-server
 )
+# ggml's AMX kernels (compiled in by -march=native on a CPU with AMX: Sapphire Rapids and later Xeons) crash the
+# pinned llama.cpp in its first matrix product on a Q4_K_M model (SIGSEGV in ggml_backend_amx_mul_mat: llama.cpp
+# issue 20824; seen here on the bundled model). -mno-amx-* wins over -march=native whatever the order (GCC keeps
+# explicitly disabled ISA flags), so the build keeps every other instruction set of the CPU it is built on.
+if [ "$(uname -m)" = x86_64 ]; then
+  ARGS+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+         "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
 if [ "$FLAVOUR" = openvino ]; then
   OV_CMAKE=$("$PY" -c 'import openvino.utils as u; print(u.get_cmake_path())')
   # libopenvino stays in the wheel; the rpath to the link spares users LD_LIBRARY_PATH.
