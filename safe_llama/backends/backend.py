@@ -1,7 +1,7 @@
 """The protocol every backend module fills in: a Backend value (from the pinned ggml source), its AllocRule
 (how one allocation is capped there), and the check of a user's [backends] entries that replace rules.
 
-Owns those values and that check; must not probe (device_map applies the rules) nor name a backend itself."""
+Owns those values and that check; must not probe (target_device applies the rules) nor name a backend itself."""
 
 from __future__ import annotations
 

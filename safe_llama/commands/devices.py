@@ -17,14 +17,14 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.own_options import flag, integrated
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.declared import declared_limits
-from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import DeviceReport, LlamaProbe, probe_devices
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
 from safe_llama.device.probe_free import FreeReport
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.device.probe_vulkan import VulkanReport
+from safe_llama.device.probing import DeviceReport, LlamaProbe, probe_devices
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir
 from safe_llama.units import human

@@ -26,13 +26,13 @@ from typing import Literal, TextIO
 from safe_llama.cmdline.own_options import flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.binaries import locate_binary
-from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.host_budget import HostBudget
-from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
+from safe_llama.device.llama_listing import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
+from safe_llama.device.probing import load_profiles, probe_devices, probe_llama
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
@@ -511,7 +511,7 @@ def _directory(role: str, path: Path, variable: str, env: Mapping[str, str], uid
 
 
 def _config_problems(env: Mapping[str, str]) -> tuple[tuple[str, ...], Policy | None]:
-    from safe_llama.diagnosis.words import load_words
+    from safe_llama.diagnosis.explain_words import load_words
 
     problems: list[str] = []
     policy = None

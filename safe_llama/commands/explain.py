@@ -1,7 +1,7 @@
 """`safe-llama explain`: a llama.cpp log in; what failed, why, and what would fit (as command lines) out.
 
 Owns the explanation (the failure in plain words, why, the remedies chosen) and its rendering as text or JSON;
-the log is read by diagnosis.log_reading, the words are diagnosis.words', the remedies diagnosis.remedies' and
+the log is read by diagnosis.log_reading, the words are diagnosis.explain_words', the remedies diagnosis.remedies' and
 diagnosis.number_remedies'. Pure but for `run_explain` and the command's runner `main` at the bottom, which
 read the log and the model's GGUF header; must not probe this machine (no llama.cpp, no OpenCL or sysfs: the
 log's machine is the one planned for), load a model, or hold planning policy (configs/planner.toml does).
@@ -26,6 +26,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.own_options import TOOL_HINT, flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.limits import Sourced
+from safe_llama.diagnosis.explain_words import Words, fill, load_words
 from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
 from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words
 from safe_llama.diagnosis.own_lines import OwnTable, load_own_table
@@ -40,7 +41,6 @@ from safe_llama.diagnosis.remedies import (
     safe_llama_remedy,
     stage_remedies,
 )
-from safe_llama.diagnosis.words import Words, fill, load_words
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Probed, kv_splits

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.probe_free import FreeReading
 from safe_llama.device.probe_sysfs import PciGpu
 

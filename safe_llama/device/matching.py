@@ -1,7 +1,7 @@
 """Which OpenCL device and which PCI GPU are the one llama.cpp will use (by name, by OpenVINO's GPU order, by
 bus address), and the NEO filter variables that make only that Intel GPU visible.
 
-Owns that matching of probed facts; must not probe nor decide limits (device_map does)."""
+Owns that matching of probed facts; must not probe nor decide limits (target_device does)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 amdgpu's sysfs counters. Read at every launch and again before a retry: another program's memory comes and goes.
 
 Owns those reads and their raw values (one FreeReading per GPU, with its PCI address and source); must not
-decide which GPU llama.cpp uses (device_map matches a reading to the target) nor cache anything."""
+decide which GPU llama.cpp uses (target_device matches a reading to the target) nor cache anything."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from safe_llama.device.limits import NVIDIA
-from safe_llama.device.list_devices import ListedDevices
+from safe_llama.device.llama_listing import ListedDevices
 from safe_llama.device.probe_sysfs import SysfsReport
 
 NVML_LIBRARY = "libnvidia-ml.so.1"

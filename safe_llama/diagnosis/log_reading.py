@@ -15,7 +15,7 @@ from typing import Any
 from safe_llama.backends.registry import gpu_marks, log_marks
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.request import to_request
-from safe_llama.device.list_devices import parse_list_devices
+from safe_llama.device.llama_listing import parse_list_devices
 from safe_llama.diagnosis.own_lines import OwnLine, OwnTable, own_text
 from safe_llama.diagnosis.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
 from safe_llama.errors import SafeLlamaError

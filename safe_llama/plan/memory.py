@@ -14,7 +14,7 @@ from safe_llama.cmdline.memory_flags import LlamaSettings, Override
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
-from safe_llama.plan import words
+from safe_llama.plan import allocation_words
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
@@ -39,7 +39,7 @@ MIB = 1024 * 1024
 @dataclass(frozen=True)
 class Allocation:
     """One buffer, or one budget's total, against the limit it must stay under: which buffer, where, how many
-    bytes and why they count. Numbers and names only: plan.words says it in plain words."""
+    bytes and why they count. Numbers and names only: plan.allocation_words says it in plain words."""
 
     buffer: str  # "kv cap" | "kv tensor" | "kv buffer" | "device total" | "host total"
     place: str  # "host", a device ("CUDA0", "RPC0"), or "" for the KV as a whole (kv cap)
@@ -66,13 +66,13 @@ class Allocation:
 
     @property
     def name(self) -> str:
-        """plan.words.label: kept here for the renderers and tests that name an allocation."""
-        return words.label(self)
+        """plan.allocation_words.label: kept here for the renderers and tests that name an allocation."""
+        return allocation_words.label(self)
 
     @property
     def limit_name(self) -> str:
-        """plan.words.limit_label (see name)."""
-        return words.limit_label(self)
+        """plan.allocation_words.limit_label (see name)."""
+        return allocation_words.limit_label(self)
 
 
 def _model_memory(

@@ -17,13 +17,13 @@ from safe_llama.cmdline.memory_flags import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_C
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
+from safe_llama.plan.allocation_words import describe
 from safe_llama.plan.memory import Allocation, planned_split
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
 from safe_llama.plan.steps import Inputs, State, Step, ctx_by_type, go_stateful, largest_ctx, walk, worst
 from safe_llama.plan.target import Target, atoi
-from safe_llama.plan.words import describe
 from safe_llama.units import human
 
 __all__ = ["Plan", "Step", "plan"]

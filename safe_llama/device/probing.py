@@ -1,8 +1,9 @@
 """What safe-llama knows about the device llama.cpp will run on and the host's memory: the probing shell.
 
 Owns running the probes (OpenCL, `--list-devices`/`--version`, sysfs, host), caching the slow ones under
-cache_dir()/probe/, loading device profiles and a user's [backends] rules, the DeviceReport and its rendering,
-and the `devices` command. The decisions are device_map's (pure); must not plan (the planner takes the report's values).
+cache_dir()/probe/, loading device profiles and a user's [backends] rules, and the DeviceReport (the `devices`
+command renders it). The decisions are target_device's (pure); must not plan (the planner takes the report's
+values).
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from safe_llama.backends.backend import AllocRule, parse_alloc_rules
 from safe_llama.backends.registry import ALLOC_RULES
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
-from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
 from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile, Sourced
-from safe_llama.device.list_devices import (
+from safe_llama.device.llama_listing import (
     DeviceRequest,
     ListedDevices,
     LlamaVersion,
@@ -43,6 +43,7 @@ from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
 from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
+from safe_llama.device.target_device import TargetDevice, parse_profile, resolve_target
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir
 

@@ -23,7 +23,7 @@ from safe_llama.device.limits import (
     DeviceProfile,
     Sourced,
 )
-from safe_llama.device.list_devices import DeviceRequest, ListedDevices, LlamaDevice
+from safe_llama.device.llama_listing import DeviceRequest, ListedDevices, LlamaDevice
 from safe_llama.device.matching import (
     _match_opencl,
     _match_pci,
