@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import NVIDIA
 from safe_llama.device.llama_listing import ListedDevices
 from safe_llama.device.probe_sysfs import SysfsReport
@@ -232,8 +233,8 @@ def read_free(
     readings: list[FreeReading] = []
     notes = []
     driver = None
-    cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
-    if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
+    nvml_listed = listed is not None and any(backend_named(d.backend).free_source == "nvml" for d in listed.devices)
+    if nvml_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
         report = nvml.result() if nvml is not None else read_nvml_isolated()
         driver = report.driver
         readings.extend(report.readings)

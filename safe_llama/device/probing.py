@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
-from safe_llama.backends import vulkan as vulkan_backend
 from safe_llama.backends.backend import AllocRule, parse_alloc_rules
-from safe_llama.backends.registry import ALLOC_RULES
+from safe_llama.backends.registry import ALLOC_RULES, BACKENDS, backend_named
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
@@ -319,9 +318,10 @@ def probe_devices(
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
     vulkan, vulkan_cached = None, False
-    vk = vulkan_backend.BACKEND
-    listed_vulkan = any(d.backend == vk.name for d in (llama.listed.devices if llama else ()))
-    if listed_vulkan or any(p in str(request.devices) for p in vk.prefixes):
+    # probed when a device llama.cpp lists or the request names is capped by ggml-vulkan's limits
+    listed_vulkan = any(backend_named(d.backend).vulkan_limits for d in (llama.listed.devices if llama else ()))
+    vulkan_prefixes = [p for b in BACKENDS if b.vulkan_limits for p in b.prefixes]
+    if listed_vulkan or any(p in str(request.devices) for p in vulkan_prefixes):
         gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from safe_llama.backends.openvino import STATEFUL_ENV
+from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
 from safe_llama.diagnosis.remedies import (
@@ -88,10 +88,11 @@ def _numbers(
 
 
 def _stateful_remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Policy) -> Remedy | None:
-    if n.backend != "openvino" or not n.device_limit:
+    stateful_env = backend_named(n.backend).stateful_env
+    if stateful_env is None or not n.device_limit:
         return None  # only OpenVINO moves the KV cache to the device, and only a device limit is escaped this way
     changes: dict[str, str | bool] = {"--parallel": "1"} if run.tool == "server" and facts.n_seq_max != 1 else {}
-    env = {STATEFUL_ENV: "1"}
+    env = {stateful_env: "1"}
     return Remedy(
         "stateful",
         STEP_SUMMARY["stateful"],
@@ -135,7 +136,7 @@ def _quant_remedy(quant: str) -> Callable[[_Numbers, FailedCommand, LogMachine, 
     step = "kv-q8" if quant == "q8_0" else "kv-q4"
 
     def remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Policy) -> Remedy | None:
-        if n.backend == "openvino" and quant == "q8_0" and not policy.openvino_q8:
+        if quant == "q8_0" and not backend_named(n.backend).q8_kv_verified and not policy.openvino_q8:
             return None
         if _type_bytes(quant) >= n.bytes_per_element:
             return None  # the cache is already this small

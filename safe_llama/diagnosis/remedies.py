@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import Request, to_request
@@ -146,7 +147,7 @@ def step_notes(
     if step in ("kv-q8", "kv-q4"):
         if not model_known:
             notes.append("a quantized K cache needs head sizes divisible by 32: not checked without the model")
-        if backend == "openvino" and not policy.openvino_q8:
+        if not backend_named(backend).q8_kv_verified and not policy.openvino_q8:
             notes.append("q8_0 was never verified on OpenVINO, so it is not offered there")
     return notes
 
