@@ -114,14 +114,7 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
             if found.path is None:
                 notes.append(f"draft model {req.draft.hf_repo} is not downloaded yet: planned without it")
         if draft_path:
-            ngl = req.draft.n_gpu_layers
-            draft = Draft(
-                facts=facts_for(draft_path, env),
-                n_gpu_layers=None if ngl < 0 else ngl,
-                type_k=req.draft.type_k,
-                type_v=req.draft.type_v,
-                overrides=req.draft.overrides,
-            )
+            draft = Draft(facts=facts_for(draft_path, env), options=req.draft.options)
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
     return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
 

@@ -204,9 +204,10 @@ def memory_by_place(
         add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
         draft = layout.draft
-        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
+        options = draft.options
+        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=options.type_k, type_v=options.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor,
+            draft.facts, options.n_gpu_layers, options.rules, devices, split, draft_kv, kv_offload, repack, max_tensor,
             weights_cache,
         )  # fmt: skip
         for place, items in part.items():

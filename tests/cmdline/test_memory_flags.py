@@ -7,10 +7,15 @@ import pytest
 from safe_llama.cmdline.llama_args import arg_table, parse, rewrite
 from safe_llama.cmdline.memory_flags import (
     BY_FIELD,
+    DRAFT_FLAGS,
+    EXPERT_REGEX,
     FLAGS,
+    DraftOptions,
     Layout,
     LlamaSettings,
+    Override,
     argv_changes,
+    draft_options,
     kv_request,
     layout,
     setting,
@@ -27,6 +32,24 @@ def test_each_row_names_a_canonical_option_and_one_field() -> None:
     for flag in FLAGS:
         assert sum(flag.field in names for names in homes) == 1, flag.field
         assert flag.given_field is None or flag.given_field in homes[2]
+
+
+def test_each_draft_row_names_a_canonical_option_and_fills_all_of_draft_options() -> None:
+    keys = {spec.key for spec in arg_table("server").specs}
+    assert [f.option for f in DRAFT_FLAGS if f.option not in keys] == []
+    assert sorted(f.field for f in DRAFT_FLAGS) == sorted(f.name for f in fields(DraftOptions))
+    assert all(f.write is None for f in DRAFT_FLAGS)  # the plan never writes a draft option
+
+
+def test_the_draft_options_read_as_llama_cpp_reads_them() -> None:
+    argv = ["-md", "d.gguf", "-ngld", "all", "-ctkd", "q8_0", "-otd", "exps=CPU", "-ncmoed", "1", "-cmoed"]
+    options = draft_options(parse("server", argv, {}))
+    assert (options.n_gpu_layers, options.type_k, options.type_v) == (None, "q8_0", "f16")
+    assert options.rules == (
+        Override("exps", "CPU"),
+        Override(EXPERT_REGEX, "CPU"),
+        Override(rf"blk\.0{EXPERT_REGEX}", "CPU"),
+    )
 
 
 CHOSEN = LlamaSettings(

@@ -75,7 +75,7 @@ def test_the_layout_reads_the_files_the_request_names(tmp_path: Path, model: Pat
     layout, notes = layout_for(to_request(parse("server", args, env)), None, env)
     assert layout.mmproj_bytes == 12345 and notes == ()
     assert layout.ctx_checkpoints == DEFAULT_CTX_CHECKPOINTS and not layout.ctx_checkpoints_set  # a server's default
-    assert layout.draft is not None and layout.draft.n_gpu_layers == 1
+    assert layout.draft is not None and layout.draft.options.n_gpu_layers == 1
     assert (layout.draft.facts.block_count, layout.draft.facts.context_length) == (2, 2048)
     completion, _ = layout_for(to_request(parse("completion", ["-m", str(model)], env)), None, env)
     assert (completion.ctx_checkpoints, completion.mmproj_bytes, completion.draft) == (0, 0, None)
