@@ -359,9 +359,14 @@ def setting(settings: LlamaSettings, name: str) -> object:
 
 def argv_changes(settings: LlamaSettings, decided: Iterable[str]) -> dict[str, str | bool]:
     """The options a plan sets explicitly (in the order they were decided) with the settings' values."""
+    return changes_of({name: setting(settings, name) for name in decided})
+
+
+def changes_of(values: Mapping[str, object]) -> dict[str, str | bool]:
+    """The options that set these fields to these values (in the mapping's order), as their rows write them."""
     out: dict[str, str | bool] = {}
-    for name in decided:
+    for name, value in values.items():
         flag = BY_FIELD[name]
         assert flag.write is not None, f"{flag.option} is read, never written"
-        out[flag.option] = flag.write(setting(settings, name))
+        out[flag.option] = flag.write(value)
     return out

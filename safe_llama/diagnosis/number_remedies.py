@@ -12,6 +12,7 @@ from fractions import Fraction
 
 from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import changes_of
 from safe_llama.cmdline.request import to_request
 from safe_llama.diagnosis.remedies import (
     STEP_SUMMARY,
@@ -119,7 +120,7 @@ def _ctx_remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Poli
     ctx = _grid(n.budget, n.requested, n.n_ctx, n.unit)
     if ctx < n.unit:
         return None
-    changes: dict[str, str | bool] = {"--ctx-size": str(ctx)}
+    changes = changes_of({"n_ctx": ctx})
     return Remedy(
         "ctx",
         f"a smaller context: -c {ctx}",
@@ -143,7 +144,7 @@ def _quant_remedy(quant: str) -> Callable[[_Numbers, FailedCommand, LogMachine, 
         factor = _type_bytes(quant) / n.bytes_per_element
         new = n.requested * factor
         share = f"{quant} takes {float(factor):.1%} of the {n.types[0]}/{n.types[1]} cache"
-        changes: dict[str, str | bool] = {"--cache-type-k": quant, "--cache-type-v": quant, "--flash-attn": "on"}
+        changes = changes_of({"type_k": quant, "type_v": quant, "flash_attn": "on"})
         caveats = tuple(step_notes(step, n.backend, n.requested, policy, tool=run.tool, model_known=False))
         if new <= n.budget:
             summary = f"a quantized cache: {quant} K and V at the same context"
@@ -155,7 +156,7 @@ def _quant_remedy(quant: str) -> Callable[[_Numbers, FailedCommand, LogMachine, 
             ctx = _grid(n.budget, new, n.n_ctx, n.unit)
             if ctx < n.unit:
                 return None
-            changes["--ctx-size"] = str(ctx)
+            changes |= changes_of({"n_ctx": ctx})
             summary = f"a quantized cache: {quant} K and V at -c {ctx}"
             detail = f"{share}; -c {ctx} is the largest context whose cache stays within {n.budget_words}"
         else:

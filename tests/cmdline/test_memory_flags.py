@@ -15,6 +15,7 @@ from safe_llama.cmdline.memory_flags import (
     LlamaSettings,
     Override,
     argv_changes,
+    changes_of,
     draft_options,
     kv_request,
     layout,
@@ -98,3 +99,11 @@ def test_a_value_from_the_environment_says_where_it_came_from() -> None:
     with pytest.raises(SafeLlamaError) as err:
         layout(parse("server", [], {"LLAMA_ARG_MAIN_GPU": "one"}))
     assert err.value.message == "safe-llama: -mg (from LLAMA_ARG_MAIN_GPU): 'one' is not a whole number"
+
+
+def test_a_remedys_changes_are_written_as_the_rows_write_them() -> None:
+    assert changes_of({"type_k": "q8_0", "flash_attn": "on", "n_ctx": 4096}) == {
+        "--cache-type-k": "q8_0",
+        "--flash-attn": "on",
+        "--ctx-size": "4096",
+    }
