@@ -243,10 +243,15 @@ def run_devices_command(
 def main(settings: Mapping[str, str], words: list[str]) -> int:
     """The command's runner (cmdline.own_options.COMMANDS): `devices`' options as entry.py read them."""
     run_devices_command(
-        llama_bin=settings.get("bin_dir"), device=settings.get("device"),
-        openvino_device=settings.get("openvino_device"), profile=settings.get("profile"),
-        max_alloc=settings.get("max_alloc"), device_memory=settings.get("device_memory"),
-        integrated=integrated(settings), host_memory=settings.get("host_memory"),
-        refresh=bool(flag(settings, "refresh")), json_out=bool(flag(settings, "json")),
-    )  # fmt: skip
+        llama_bin=settings.get("bin_dir"),
+        device=settings.get("device"),
+        openvino_device=settings.get("openvino_device"),
+        profile=settings.get("profile"),
+        max_alloc=settings.get("max_alloc"),
+        device_memory=settings.get("device_memory"),
+        integrated=integrated(settings),
+        host_memory=settings.get("host_memory"),
+        refresh=bool(flag(settings, "refresh")),
+        json_out=bool(flag(settings, "json")),
+    )
     return 0

@@ -159,8 +159,11 @@ class NvmlRead:
             try:
                 os.close(self._read_end)
                 report = read_nvml(library, shutdown=False)
-                data = {"readings": [r.to_dict() for r in report.readings], "driver": report.driver,
-                        "note": report.note}  # fmt: skip
+                data = {
+                    "readings": [r.to_dict() for r in report.readings],
+                    "driver": report.driver,
+                    "note": report.note,
+                }
                 os.write(write_end, json.dumps(data).encode())
             finally:
                 os._exit(0)

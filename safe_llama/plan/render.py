@@ -150,8 +150,11 @@ def bar(used: int, limit: int, width: int = 30) -> str:
 def decision_text(result: dict[str, Any]) -> list[str]:
     t = result["target"]
     where = t["device"] or ("GPU" if t["on_gpu"] else "host CPU")
-    lines = ["", f"target  {t['backend']} {where}{' (integrated)' if t['integrated'] else ''}"
-             + (f", llama.cpp {t['binary_version']}" if t["binary_version"] else "")]  # fmt: skip
+    lines = [
+        "",
+        f"target  {t['backend']} {where}{' (integrated)' if t['integrated'] else ''}"
+        + (f", llama.cpp {t['binary_version']}" if t["binary_version"] else ""),
+    ]
     decision = result.get("decision")
     if decision is None:
         lines.append(f"decision: nothing fits. {result.get('error') or ''}".rstrip())
