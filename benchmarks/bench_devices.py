@@ -1,7 +1,7 @@
 """Benchmark of the device probe: cold (nothing cached) and warm (--list-devices, --version, OpenCL cached).
 
 Goal: a warm probe under 150 ms. Measured two ways: the whole `python -m safe_llama devices --json` process,
-and in-process (`import safe_llama.device.devices` + probe_devices in a fresh interpreter, as a launch pays it).
+and in-process (`import safe_llama.device.probing` + probe_devices in a fresh interpreter, as a launch pays it).
 Baselines: the interpreter alone (`python -c pass`) and safe-llama's own floor (`python -m safe_llama
 --version`: Python + typer), so the ratio says what the probe adds; and the cold probe, so the ratio says
 what the caches save. Caches live in a temporary XDG_CACHE_HOME; the user's cache is not touched.
@@ -28,7 +28,7 @@ IN_PROCESS = """
 import sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from safe_llama.device.devices import probe_devices
+from safe_llama.device.probing import probe_devices
 t1 = time.perf_counter()
 import os
 report = probe_devices(binary=Path(sys.argv[1]), env=os.environ)
@@ -94,7 +94,7 @@ def run(llama_bin: str | None, runs: int, scratch: Path) -> int:
     warm_med, warm_min = series(runs, lambda: timed(devices, env))
     row("warm (cached)", warm_med, warm_min, f"{warm_med - floor_cli:+.1f} ms over the CLI floor")
 
-    print("\nin process, fresh interpreter: import safe_llama.device.devices + probe_devices()")
+    print("\nin process, fresh interpreter: import safe_llama.device.probing + probe_devices()")
     imports: list[float] = []
     probes: list[float] = []
     for _ in range(runs):
@@ -104,7 +104,7 @@ def run(llama_bin: str | None, runs: int, scratch: Path) -> int:
         imported, probed = (float(x) for x in done.stdout.split())
         imports.append(imported)
         probes.append(probed)
-    row("import safe_llama.device.devices", statistics.median(imports), min(imports))
+    row("import safe_llama.device.probing", statistics.median(imports), min(imports))
     row("probe_devices() warm", statistics.median(probes), min(probes))
     total = statistics.median(a + b for a, b in zip(imports, probes, strict=True))
     row("import + warm probe", total, min(a + b for a, b in zip(imports, probes, strict=True)))

@@ -65,8 +65,9 @@ def _command(command: Command) -> TyperCommand:
     """A command with the table's arguments and options and no body: entry.run runs the command itself."""
     settings: dict[str, Any] = LOOSE if command.loose else PASSTHROUGH if command.arguments else {}
     params = [*map(_argument, command.arguments), *map(_option, (o for o in OPTIONS if command.name in o.commands))]
-    return TyperCommand(name=command.name, params=params, help=command.help, context_settings=settings,
-                        rich_markup_mode=None)  # fmt: skip
+    return TyperCommand(
+        name=command.name, params=params, help=command.help, context_settings=settings, rich_markup_mode=None
+    )
 
 
 def _group() -> TyperGroup:

@@ -18,8 +18,11 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
 # the tools a launch names (safe-llama server ...) and, with the RPC worker, the llama.cpp binary of each
 TOOLS = ("cli", "server", "completion")
 TOOL_BINARY = {
-    "cli": "llama-cli", "server": "llama-server", "completion": "llama-completion", "rpc-server": "ggml-rpc-server",
-}  # fmt: skip
+    "cli": "llama-cli",
+    "server": "llama-server",
+    "completion": "llama-completion",
+    "rpc-server": "ggml-rpc-server",
+}
 # set in the environment of every child safe-llama starts: a safe-llama started by one refuses to loop
 GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
 

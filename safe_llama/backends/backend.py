@@ -1,7 +1,7 @@
 """The protocol every backend module fills in: a Backend value (from the pinned ggml source), its AllocRule
 (how one allocation is capped there), and the check of a user's [backends] entries that replace rules.
 
-Owns those values and that check; must not probe (device_map applies the rules) nor name a backend itself."""
+Owns those values and that check; must not probe (target_device applies the rules) nor name a backend itself."""
 
 from __future__ import annotations
 
@@ -63,6 +63,18 @@ class Backend:
     stateful_env: str | None = None  # the variable that keeps the KV in host RAM (a ladder step)
     buffers_on_host_first: bool = False  # every buffer is allocated in host memory first
     q8_kv_verified: bool = True  # a q8_0 KV cache is known to work there
+    free_source: str | None = None  # the vendor's free-memory reading (device/probe_free) numbered as it numbers
+    own_device_env: str | None = None  # the variable that picks which of its own devices it drives
+    # regex over its `--list-devices` description: its own device id (ov), " (selected)" (selected), the
+    # hardware's name (full)
+    own_device_in_description: str | None = None
+    integrated_in_description: str | None = None  # regex: "i" (integrated) or "d" (discrete) in the description
+    igpu_first: bool = False  # its own GPU ids count an Intel iGPU first (GPU.0), then the others in OpenCL's order
+
+    @property
+    def vulkan_limits(self) -> bool:
+        """Its allocations are capped by ggml-vulkan's limits (device/probe_vulkan reads them)."""
+        return any(rule.alloc_limit == "vulkan" for rule in self.rules.values())
 
     def kind(self, backend_device: str | None) -> str:
         """The kind of device a backend's own device id names (OpenVINO: GPU.1 -> GPU); "" for one kind."""

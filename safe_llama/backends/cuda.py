@@ -19,4 +19,5 @@ BACKEND = Backend(
         )
     },
     renumbering_env=("CUDA_VISIBLE_DEVICES",),
+    free_source="nvml",  # NVML under CUDA_VISIBLE_DEVICES, as device/free_memory matches it
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from safe_llama.backends.backend import AllocRule, Backend
 
 STATEFUL_ENV = "GGML_OPENVINO_STATEFUL_EXECUTION"
+DEVICE_ENV = "GGML_OPENVINO_DEVICE"
 
 BACKEND = Backend(
     name="openvino",
@@ -32,4 +33,9 @@ BACKEND = Backend(
     stateful_env=STATEFUL_ENV,
     buffers_on_host_first=True,
     q8_kv_verified=False,
+    own_device_env=DEVICE_ENV,
+    # ggml-openvino's device description: "GGML_OPENVINO_DEVICE=GPU.1 (selected) - Intel(R) Arc(TM) ... (dGPU)"
+    own_device_in_description=rf"^{DEVICE_ENV}=(?P<ov>\S+?)(?P<selected> \(selected\))? - (?P<full>.*)$",
+    integrated_in_description=r"\((?P<integrated>i|d)GPU\)\s*$",
+    igpu_first=True,  # OpenVINO's GPU.0 is the Intel iGPU when there is one
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
-from safe_llama.cmdline.llama_args import CommandLine, read_tensor_split, stoi
+from safe_llama.cmdline.llama_args import CommandLine, read_gpu_layers, read_tensor_split, stoi
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.cache_types import CACHE_TYPES
 from safe_llama.model.facts import ModelFacts
@@ -41,14 +41,28 @@ def expert_rules(cpu_moe: bool, n_cpu_moe: int) -> tuple[Override, ...]:
 
 
 @dataclass(frozen=True)
+class DraftOptions:
+    """The draft model's own memory options, each read as its row in DRAFT_FLAGS says."""
+
+    n_gpu_layers: int | None = None  # -ngld; None: auto or all (llama.cpp's default: as many as fit)
+    type_k: str = "f16"  # -ctkd
+    type_v: str = "f16"  # -ctvd
+    overrides: tuple[Override, ...] = ()  # -otd's rules
+    cpu_moe: bool = False  # -cmoed
+    n_cpu_moe: int = 0  # -ncmoed
+
+    @property
+    def rules(self) -> tuple[Override, ...]:
+        """Every tensor-placement rule in llama.cpp's order: -otd, then -cmoed, then -ncmoed."""
+        return self.overrides + expert_rules(self.cpu_moe, self.n_cpu_moe)
+
+
+@dataclass(frozen=True)
 class Draft:
     """A second model loaded beside the main one (-md / -hfd): weights and a KV of the same context."""
 
     facts: ModelFacts
-    n_gpu_layers: int | None  # None: all
-    type_k: str = "f16"
-    type_v: str = "f16"
-    overrides: tuple[Override, ...] = ()
+    options: DraftOptions = DraftOptions()
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,8 @@ Reader = Callable[[CommandLine, "MemoryFlag"], object]
 class MemoryFlag:
     option: str  # the canonical name: configs/llama-args.json's first long name
     label: str  # the name safe-llama's messages give it
-    field: str  # the field it fills in KvRequest, LlamaSettings or Layout (each name is in one of them)
+    # the field it fills in KvRequest, LlamaSettings or Layout (each name is in one of them); DRAFT_FLAGS': DraftOptions
+    field: str
     read: Reader
     # how a chosen value goes back to argv; None: the plan never sets it
     write: Callable[[object], str | bool] | None = None
@@ -215,6 +230,20 @@ def _user_gpu_layers(cmd: CommandLine, flag: MemoryFlag) -> int | None:
     return int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
 
 
+def _draft_gpu_layers(cmd: CommandLine, flag: MemoryFlag) -> int | None:
+    """-ngld as a count the plan keeps (None: auto or all, llama.cpp's default)."""
+    value = read_str(cmd, flag)
+    if value is None:
+        return None
+    try:
+        ngl = read_gpu_layers(value)
+    except ValueError:
+        raise SafeLlamaError(
+            f"safe-llama: {flag.label}: '{value}' is not a number, auto or all", ExitStatus.USAGE
+        ) from None
+    return None if ngl < 0 else ngl
+
+
 def gpu_layers(cmd: CommandLine) -> int | None:
     flag = BY_FIELD["n_gpu_layers"]
     value = flag.read(cmd, flag)
@@ -277,6 +306,15 @@ FLAGS: tuple[MemoryFlag, ...] = (
     ),
 )
 BY_FIELD: Mapping[str, MemoryFlag] = {flag.field: flag for flag in FLAGS}
+# The draft model's options (-md / -hfd), read only where a draft model is named; the plan never writes them.
+DRAFT_FLAGS: tuple[MemoryFlag, ...] = (
+    MemoryFlag("--spec-draft-override-tensor", "-otd", "overrides", read_rules),
+    MemoryFlag("--spec-draft-n-cpu-moe", "-ncmoed", "n_cpu_moe", _or(read_int, 0)),
+    MemoryFlag("--spec-draft-ngl", "-ngld", "n_gpu_layers", _draft_gpu_layers),
+    MemoryFlag("--spec-draft-type-k", "-ctkd", "type_k", read_cache_type),
+    MemoryFlag("--spec-draft-type-v", "-ctvd", "type_v", read_cache_type),
+    MemoryFlag("--spec-draft-cpu-moe", "-cmoed", "cpu_moe", _or(read_flag, False)),
+)
 
 
 def _names(cls: type) -> frozenset[str]:
@@ -303,6 +341,11 @@ def kv_request(cmd: CommandLine) -> KvRequest:
     return KvRequest(tool=cmd.tool, **read_fields(cmd, KV_FIELDS))  # type: ignore[arg-type]
 
 
+def draft_options(cmd: CommandLine) -> DraftOptions:
+    """The draft model's options of a command line, each read as its row in DRAFT_FLAGS says."""
+    return DraftOptions(**{flag.field: flag.read(cmd, flag) for flag in DRAFT_FLAGS})  # type: ignore[arg-type]
+
+
 def layout(cmd: CommandLine) -> Layout:
     """The layout a command line asks for (the files it names are not read: no projector size, no draft)."""
     return Layout(**read_fields(cmd, LAYOUT_FIELDS))  # type: ignore[arg-type]
@@ -316,9 +359,14 @@ def setting(settings: LlamaSettings, name: str) -> object:
 
 def argv_changes(settings: LlamaSettings, decided: Iterable[str]) -> dict[str, str | bool]:
     """The options a plan sets explicitly (in the order they were decided) with the settings' values."""
+    return changes_of({name: setting(settings, name) for name in decided})
+
+
+def changes_of(values: Mapping[str, object]) -> dict[str, str | bool]:
+    """The options that set these fields to these values (in the mapping's order), as their rows write them."""
     out: dict[str, str | bool] = {}
-    for name in decided:
+    for name, value in values.items():
         flag = BY_FIELD[name]
         assert flag.write is not None, f"{flag.option} is read, never written"
-        out[flag.option] = flag.write(setting(settings, name))
+        out[flag.option] = flag.write(value)
     return out

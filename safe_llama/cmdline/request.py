@@ -11,22 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from safe_llama.cmdline import env_scan, memory_flags
-from safe_llama.cmdline.llama_args import CommandLine, read_gpu_layers, stoi
-from safe_llama.cmdline.memory_flags import Layout, MemoryFlag, Override, expert_rules, read_cache_type, read_int
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.cmdline.llama_args import CommandLine, stoi
+from safe_llama.cmdline.memory_flags import DraftOptions, Layout
 from safe_llama.model.kv import KvRequest
 
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """-md / -hfd: a second model (speculative decoding) with its own layers, device and KV types."""
+    """-md / -hfd: a second model (speculative decoding) with its own options (cmdline.memory_flags.DRAFT_FLAGS)."""
 
     model: str | None
     hf_repo: str | None
-    n_gpu_layers: int  # -1 auto, -2 all, else a count
-    type_k: str
-    type_v: str
-    overrides: tuple[Override, ...]
+    options: DraftOptions
 
 
 @dataclass(frozen=True)
@@ -42,40 +38,16 @@ class Request:
     draft: DraftRequest | None = None
 
 
-def _value(cmd: CommandLine, option: str, label: str, read: memory_flags.Reader) -> object:
-    """A draft option's value, read as the main model's twin is."""
-    return read(cmd, MemoryFlag(option, label, "", read))
-
-
 def _str(cmd: CommandLine, key: str) -> str | None:
     value = cmd.value(key)
     return value if isinstance(value, str) and value else None
-
-
-def _ngl(value: str | None) -> int:
-    if value is None:
-        return -1
-    try:
-        return read_gpu_layers(value)
-    except ValueError:
-        raise SafeLlamaError(f"safe-llama: -ngl: '{value}' is not a number, auto or all", ExitStatus.USAGE) from None
 
 
 def _draft(cmd: CommandLine) -> DraftRequest | None:
     model, hf_repo = _str(cmd, "--spec-draft-model"), _str(cmd, "--spec-draft-hf")
     if not (model or hf_repo):
         return None
-    rules = _value(cmd, "--spec-draft-override-tensor", "-otd", memory_flags.read_rules)
-    ncmoe = _value(cmd, "--spec-draft-n-cpu-moe", "-ncmoe", read_int)
-    assert isinstance(rules, tuple) and (ncmoe is None or isinstance(ncmoe, int))
-    return DraftRequest(
-        model=model,
-        hf_repo=hf_repo,
-        n_gpu_layers=_ngl(_str(cmd, "--spec-draft-ngl")),
-        type_k=str(_value(cmd, "--spec-draft-type-k", "-ctkd", read_cache_type)),
-        type_v=str(_value(cmd, "--spec-draft-type-v", "-ctvd", read_cache_type)),
-        overrides=rules + expert_rules(bool(cmd.value("--spec-draft-cpu-moe")), ncmoe or 0),
-    )
+    return DraftRequest(model=model, hf_repo=hf_repo, options=memory_flags.draft_options(cmd))
 
 
 def to_request(cmd: CommandLine) -> Request:

@@ -14,8 +14,16 @@ from safe_llama.cmdline.llama_args import stoi
 
 DEFAULT_HOST = "127.0.0.1"  # rpc_server_params in the pinned source
 DEFAULT_PORT = 50052
-_VALUED = {"-H": "host", "--host": "host", "-p": "port", "--port": "port", "-t": "threads", "--threads": "threads",
-           "-d": "device", "--device": "device"}  # fmt: skip
+_VALUED = {
+    "-H": "host",
+    "--host": "host",
+    "-p": "port",
+    "--port": "port",
+    "-t": "threads",
+    "--threads": "threads",
+    "-d": "device",
+    "--device": "device",
+}
 
 
 class RpcServerArgs(NamedTuple):

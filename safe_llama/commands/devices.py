@@ -17,14 +17,14 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.own_options import flag, integrated
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.declared import declared_limits
-from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import DeviceReport, LlamaProbe, probe_devices
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
 from safe_llama.device.probe_free import FreeReport
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.device.probe_vulkan import VulkanReport
+from safe_llama.device.probing import DeviceReport, LlamaProbe, probe_devices
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir
 from safe_llama.units import human
@@ -243,10 +243,15 @@ def run_devices_command(
 def main(settings: Mapping[str, str], words: list[str]) -> int:
     """The command's runner (cmdline.own_options.COMMANDS): `devices`' options as entry.py read them."""
     run_devices_command(
-        llama_bin=settings.get("bin_dir"), device=settings.get("device"),
-        openvino_device=settings.get("openvino_device"), profile=settings.get("profile"),
-        max_alloc=settings.get("max_alloc"), device_memory=settings.get("device_memory"),
-        integrated=integrated(settings), host_memory=settings.get("host_memory"),
-        refresh=bool(flag(settings, "refresh")), json_out=bool(flag(settings, "json")),
-    )  # fmt: skip
+        llama_bin=settings.get("bin_dir"),
+        device=settings.get("device"),
+        openvino_device=settings.get("openvino_device"),
+        profile=settings.get("profile"),
+        max_alloc=settings.get("max_alloc"),
+        device_memory=settings.get("device_memory"),
+        integrated=integrated(settings),
+        host_memory=settings.get("host_memory"),
+        refresh=bool(flag(settings, "refresh")),
+        json_out=bool(flag(settings, "json")),
+    )
     return 0

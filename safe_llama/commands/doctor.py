@@ -26,13 +26,13 @@ from typing import Literal, TextIO
 from safe_llama.cmdline.own_options import flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.binaries import locate_binary
-from safe_llama.device.device_map import TargetDevice
-from safe_llama.device.devices import load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.host_budget import HostBudget
-from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
+from safe_llama.device.llama_listing import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
+from safe_llama.device.probing import load_profiles, probe_devices, probe_llama
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
@@ -165,17 +165,25 @@ def check_binaries(m: Machine) -> Check:
     directories = {os.path.dirname(b.path or "") for b in found}
     if len(directories) > 1:
         return Check(
-            "binaries", title, "warn", summary + "; from different directories", tuple(details),
+            "binaries",
+            title,
+            "warn",
+            summary + "; from different directories",
+            tuple(details),
             "use the three tools of one build (SAFE_LLAMA_BIN_DIR=<its bin/>): mixed versions plan wrongly",
-        )  # fmt: skip
+        )
     if default is not None and default.problem:
         details.append(f"--list-devices: {default.problem}")
         return Check("binaries", title, "warn", summary, tuple(details), "run it by hand to see why: --list-devices")
     if default is None or default.version is None:
         return Check(
-            "binaries", title, "warn", summary + ": cannot tell the version", tuple(details),
+            "binaries",
+            title,
+            "warn",
+            summary + ": cannot tell the version",
+            tuple(details),
             "check that `llama-server --version` prints 'version: ...'",
-        )  # fmt: skip
+        )
     return Check("binaries", title, "pass", summary, tuple(details))
 
 
@@ -240,9 +248,13 @@ def check_opencl(m: Machine) -> Check:
     cl_gpus = [d for d in m.opencl.devices if "GPU" in d.device_type.split("|")]
     if gpus and not cl_gpus:
         return Check(
-            "opencl", title, "warn", f"{len(gpus)} GPU(s) in sysfs but no OpenCL GPU: their allocation limit "
-            f"cannot be probed{cached}", tuple(details + gpus), driver_fix,
-        )  # fmt: skip
+            "opencl",
+            title,
+            "warn",
+            f"{len(gpus)} GPU(s) in sysfs but no OpenCL GPU: their allocation limit cannot be probed{cached}",
+            tuple(details + gpus),
+            driver_fix,
+        )
     if not m.opencl.devices:
         return Check("opencl", title, "pass", f"no OpenCL device, and no GPU that needs one{cached}", tuple(details))
     return Check("opencl", title, "pass", f"{m.opencl.note}{cached}", tuple(details))
@@ -255,10 +267,14 @@ def check_render_nodes(m: Machine) -> Check:
         return Check("render-nodes", title, "skip", "no GPU and no render node: nothing to open")
     if gpus and not m.nodes:
         return Check(
-            "render-nodes", title, "fail", f"{len(gpus)} GPU(s) but no render node under /dev/dri", tuple(gpus),
+            "render-nodes",
+            title,
+            "fail",
+            f"{len(gpus)} GPU(s) but no render node under /dev/dri",
+            tuple(gpus),
             "in a container, pass the device (docker/podman run --device /dev/dri); on a host, load the GPU's "
             "kernel driver",
-        )  # fmt: skip
+        )
     details = []
     denied: list[NodeAccess] = []
     for node in m.nodes:
@@ -280,9 +296,13 @@ def check_render_nodes(m: Machine) -> Check:
         else:
             fix = "give this user read-write access to the render node (its group: see ls -l /dev/dri)"
         return Check(
-            "render-nodes", title, "fail", f"{len(denied)} of {len(m.nodes)} render node(s) not open-able by {m.user}",
-            tuple(details), fix,
-        )  # fmt: skip
+            "render-nodes",
+            title,
+            "fail",
+            f"{len(denied)} of {len(m.nodes)} render node(s) not open-able by {m.user}",
+            tuple(details),
+            fix,
+        )
     if unbound:
         names = ", ".join(g.bdf for g in unbound)
         return Check("render-nodes", title, "warn", f"no driver bound to {names}", tuple(details), "load its driver")
@@ -323,9 +343,13 @@ def check_neo_filter(m: Machine) -> Check:
         )
     exports = " ".join(f"{k}={v}" for k, v in wanted.items())
     return Check(
-        "neo-filter", title, "warn", "several GPUs and no NEO filter: llama.cpp may run on another device (or the CPU)",
-        tuple(details), f"export {exports} (safe-llama sets these itself for the runs it launches)",
-    )  # fmt: skip
+        "neo-filter",
+        title,
+        "warn",
+        "several GPUs and no NEO filter: llama.cpp may run on another device (or the CPU)",
+        tuple(details),
+        f"export {exports} (safe-llama sets these itself for the runs it launches)",
+    )
 
 
 def check_directories(m: Machine) -> Check:
@@ -382,20 +406,32 @@ def check_host_memory(m: Machine) -> Check:
         floor += p.process_per_cell * p.ctx_floor
     if budget.value < floor:
         return Check(
-            "host-memory", title, "fail", summary + f": below the {human(floor)} a llama.cpp process needs to start",
-            tuple(details), "free memory, or raise the limit that binds (named above)",
-        )  # fmt: skip
+            "host-memory",
+            title,
+            "fail",
+            summary + f": below the {human(floor)} a llama.cpp process needs to start",
+            tuple(details),
+            "free memory, or raise the limit that binds (named above)",
+        )
     if h.rlimit_as is not None:
         return Check(
-            "host-memory", title, "warn", summary + ": an address-space limit (ulimit -v)", tuple(details),
+            "host-memory",
+            title,
+            "warn",
+            summary + ": an address-space limit (ulimit -v)",
+            tuple(details),
             "llama.cpp reserves address space it never uses: prefer a cgroup memory limit (systemd MemoryMax=) "
             "to ulimit -v; safe-llama sets MALLOC_ARENA_MAX for the runs it launches",
-        )  # fmt: skip
+        )
     if budget.value < SMALL_HOST_BUDGET:
         return Check(
-            "host-memory", title, "warn", summary + ": only small models and contexts fit", tuple(details),
+            "host-memory",
+            title,
+            "warn",
+            summary + ": only small models and contexts fit",
+            tuple(details),
             "free memory or raise the limit named above",
-        )  # fmt: skip
+        )
     return Check("host-memory", title, "pass", summary, tuple(details))
 
 
@@ -511,7 +547,7 @@ def _directory(role: str, path: Path, variable: str, env: Mapping[str, str], uid
 
 
 def _config_problems(env: Mapping[str, str]) -> tuple[tuple[str, ...], Policy | None]:
-    from safe_llama.diagnosis.words import load_words
+    from safe_llama.diagnosis.explain_words import load_words
 
     problems: list[str] = []
     policy = None

@@ -1,7 +1,7 @@
 """`safe-llama explain`: a llama.cpp log in; what failed, why, and what would fit (as command lines) out.
 
 Owns the explanation (the failure in plain words, why, the remedies chosen) and its rendering as text or JSON;
-the log is read by diagnosis.log_reading, the words are diagnosis.words', the remedies diagnosis.remedies' and
+the log is read by diagnosis.log_reading, the words are diagnosis.explain_words', the remedies diagnosis.remedies' and
 diagnosis.number_remedies'. Pure but for `run_explain` and the command's runner `main` at the bottom, which
 read the log and the model's GGUF header; must not probe this machine (no llama.cpp, no OpenCL or sysfs: the
 log's machine is the one planned for), load a model, or hold planning policy (configs/planner.toml does).
@@ -26,6 +26,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.own_options import TOOL_HINT, flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.limits import Sourced
+from safe_llama.diagnosis.explain_words import Words, fill, load_words
 from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
 from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words
 from safe_llama.diagnosis.own_lines import OwnTable, load_own_table
@@ -40,7 +41,6 @@ from safe_llama.diagnosis.remedies import (
     safe_llama_remedy,
     stage_remedies,
 )
-from safe_llama.diagnosis.words import Words, fill, load_words
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Probed, kv_splits
@@ -51,9 +51,11 @@ if TYPE_CHECKING:
 # recovered: a start failed and safe-llama's retry started it (the log shows it ready afterwards)
 Status = Literal["explained", "recovered", "no-failure", "unrecognised"]
 EXIT_CODES: Mapping[Status, ExitStatus] = {
-    "explained": ExitStatus.OK, "recovered": ExitStatus.OK, "no-failure": ExitStatus.FAILED,
+    "explained": ExitStatus.OK,
+    "recovered": ExitStatus.OK,
+    "no-failure": ExitStatus.FAILED,
     "unrecognised": ExitStatus.FAILED,
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,24 @@ def explain(
     if ending is not None or (retries and (reading.started_line or 0) > retries[-1].number):
         own = own_exit(reading, ending, run, words, own_words or {}) if ending else recovered(reading, run, words)
         return Explanation(
-            status=own.status, source=source, what=own.what, why=own.why, line=own.line,
+            status=own.status,
+            source=source,
+            what=own.what,
+            why=own.why,
+            line=own.line,
             kind="safe-llama" if ending else failure.kind if failure else None,
             signature_id=ending.pattern_id if ending else failure.signature_id if failure else None,
-            memory=own.memory, stage=None if ending else stage_of(reading, words),
+            memory=own.memory,
+            stage=None if ending else stage_of(reading, words),
             requested_bytes=None if ending or not failure else failure.requested_bytes,
-            limit_bytes=None if ending or not failure else failure.limit_bytes, basis="none",
-            remedies=own.remedies, notes=(*notes, *own.notes), run=run, log=facts, safe_llama_exit=own.exit,
-        )  # fmt: skip
+            limit_bytes=None if ending or not failure else failure.limit_bytes,
+            basis="none",
+            remedies=own.remedies,
+            notes=(*notes, *own.notes),
+            run=run,
+            log=facts,
+            safe_llama_exit=own.exit,
+        )
     if retries:
         notes.append(
             f"safe-llama retried {len(retries)} time(s) ({retries[-1].groups.get('reason') or retries[-1].text}); "
@@ -256,18 +268,42 @@ def _unsigned(reading: LogReading, run: FailedRun, words: Words, source: str, no
     else:
         started = " and shows it started" if reading.facts.started else ""
         return Explanation(
-            status="no-failure", source=source, what=f"no failure found: the log has no error line{started}",
-            why=(), line=None, kind=None, signature_id=None, memory=False, stage=None, requested_bytes=None,
-            limit_bytes=None, basis="none", remedies=(), notes=tuple(notes), run=run, log=reading.facts,
-        )  # fmt: skip
+            status="no-failure",
+            source=source,
+            what=f"no failure found: the log has no error line{started}",
+            why=(),
+            line=None,
+            kind=None,
+            signature_id=None,
+            memory=False,
+            stage=None,
+            requested_bytes=None,
+            limit_bytes=None,
+            basis="none",
+            remedies=(),
+            notes=tuple(notes),
+            run=run,
+            log=reading.facts,
+        )
     why = fill(said.get("why", ""), values)
     return Explanation(
-        status=status, source=source, what=f"{binary} failed to start: " + fill(said.get("what", ""), values),
-        why=(why,) if why and why != line else (), line=line, kind=kind, memory=False,
+        status=status,
+        source=source,
+        what=f"{binary} failed to start: " + fill(said.get("what", ""), values),
+        why=(why,) if why and why != line else (),
+        line=line,
+        kind=kind,
+        memory=False,
         signature_id=reading.failure.signature_id if reading.failure else None,
-        stage=None, requested_bytes=None, limit_bytes=None, basis="none", remedies=tuple(remedies),
-        notes=tuple(notes), run=run, log=reading.facts,
-    )  # fmt: skip
+        stage=None,
+        requested_bytes=None,
+        limit_bytes=None,
+        basis="none",
+        remedies=tuple(remedies),
+        notes=tuple(notes),
+        run=run,
+        log=reading.facts,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -408,6 +444,9 @@ def main(settings: Mapping[str, str], words: list[str]) -> int:
     the log file and the failed run's arguments."""
     tool = settings.get("tool")
     return run_explain(
-        file=words[0] if words else "-", args=words[1:], model=settings.get("model"),
-        tool=None if tool is None else check_tool(tool, TOOL_HINT), json_out=bool(flag(settings, "json")),
-    )  # fmt: skip
+        file=words[0] if words else "-",
+        args=words[1:],
+        model=settings.get("model"),
+        tool=None if tool is None else check_tool(tool, TOOL_HINT),
+        json_out=bool(flag(settings, "json")),
+    )

@@ -33,8 +33,13 @@ def not_on_disk_result(tool: str, args: Sequence[str], source: ModelSource, mess
 def _source_json(source: ModelSource | None) -> dict[str, object] | None:
     if source is None:
         return None
-    return {"kind": source.kind, "spec": source.spec, "path": source.path, "where": source.where,
-            "mmproj": source.mmproj}  # fmt: skip
+    return {
+        "kind": source.kind,
+        "spec": source.spec,
+        "path": source.path,
+        "where": source.where,
+        "mmproj": source.mmproj,
+    }
 
 
 def plan_command(

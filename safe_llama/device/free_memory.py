@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.probe_free import FreeReading
 from safe_llama.device.probe_sysfs import PciGpu
 
@@ -46,7 +47,7 @@ def match_reading(
     if device is None or not readings:
         return None, ""
     nvidia = [r for r in readings if r.source == "nvml"]
-    if device.backend == "cuda" and nvidia:
+    if backend_named(device.backend).free_source == "nvml" and nvidia:
         visible = _visible(nvidia, env)
         if visible is None:
             return None, "CUDA_VISIBLE_DEVICES names a MIG instance: NVML's free figure is the whole GPU's"

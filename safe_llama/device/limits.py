@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Which OpenCL device and which PCI GPU are the one llama.cpp will use (by name, by OpenVINO's GPU order, by
 bus address), and the NEO filter variables that make only that Intel GPU visible.
 
-Owns that matching of probed facts; must not probe nor decide limits (device_map does)."""
+Owns that matching of probed facts; must not probe nor decide limits (target_device does)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _match_opencl(
     if not opencl.devices:
         return None, f"OpenCL shows no device ({opencl.note})"
     gpus = [d for d in opencl.devices if _is_gpu(d) and (not rule.vendor_ids or d.vendor_id in rule.vendor_ids)]
-    if choice.backend == "openvino":
+    if backend_named(choice.backend).igpu_first:
         index = _openvino_index(choice.backend_device or "GPU")
         order = openvino_gpu_order(opencl.devices)
         if index is None or index >= len(order):
@@ -136,7 +136,7 @@ def _match_pci(
     same_vendor = [g for g in compute if vendor is None or g.vendor_id == vendor]
     if len(same_vendor) == 1:
         return same_vendor[0], f"PCI {same_vendor[0].bdf}: the only {same_vendor[0].vendor} GPU in sysfs"
-    if choice.backend == "openvino" and _openvino_index(choice.backend_device or "") == 0:
+    if backend_named(choice.backend).igpu_first and _openvino_index(choice.backend_device or "") == 0:
         igpu = next((g for g in same_vendor if g.integrated), None)
         if igpu is not None:
             return igpu, f"PCI {igpu.bdf}: OpenVINO numbers an Intel iGPU GPU.0"
@@ -169,14 +169,15 @@ def _neo_filter(
         )
     suggestion = {"NEOReadDebugKeys": "1", "FilterBdfPath": bdf}
     note = f"NEO filter: only {bdf} stays visible to Intel's runtime"
-    if backend == "openvino":
+    own_device_env = backend_named(backend).own_device_env
+    if own_device_env:
         if any(d.vendor_id != INTEL for d in opencl_gpus):
             note += (
                 "; OpenVINO may still list another vendor's GPU, so check --list-devices for the "
                 "GGML_OPENVINO_DEVICE id the target gets"
             )
         else:
-            suggestion["GGML_OPENVINO_DEVICE"] = "GPU"
+            suggestion[own_device_env] = "GPU"
             note += "; it is then OpenVINO's only GPU, named GPU"
     warnings: tuple[str, ...] = ()
     current = env.get("FilterBdfPath")

@@ -2,7 +2,7 @@
 amdgpu's sysfs counters. Read at every launch and again before a retry: another program's memory comes and goes.
 
 Owns those reads and their raw values (one FreeReading per GPU, with its PCI address and source); must not
-decide which GPU llama.cpp uses (device_map matches a reading to the target) nor cache anything."""
+decide which GPU llama.cpp uses (target_device matches a reading to the target) nor cache anything."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import NVIDIA
-from safe_llama.device.list_devices import ListedDevices
+from safe_llama.device.llama_listing import ListedDevices
 from safe_llama.device.probe_sysfs import SysfsReport
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
@@ -158,8 +159,11 @@ class NvmlRead:
             try:
                 os.close(self._read_end)
                 report = read_nvml(library, shutdown=False)
-                data = {"readings": [r.to_dict() for r in report.readings], "driver": report.driver,
-                        "note": report.note}  # fmt: skip
+                data = {
+                    "readings": [r.to_dict() for r in report.readings],
+                    "driver": report.driver,
+                    "note": report.note,
+                }
                 os.write(write_end, json.dumps(data).encode())
             finally:
                 os._exit(0)
@@ -232,8 +236,8 @@ def read_free(
     readings: list[FreeReading] = []
     notes = []
     driver = None
-    cuda_listed = listed is not None and any(d.backend == "cuda" for d in listed.devices)
-    if cuda_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
+    nvml_listed = listed is not None and any(backend_named(d.backend).free_source == "nvml" for d in listed.devices)
+    if nvml_listed or any(g.vendor_id == NVIDIA and g.driver == "nvidia" for g in sysfs.gpus):
         report = nvml.result() if nvml is not None else read_nvml_isolated()
         driver = report.driver
         readings.extend(report.readings)

@@ -2,7 +2,7 @@
 RLIMIT_AS.
 
 Owns the only psutil import and the reading of /proc/self/cgroup and the cgroup filesystem (both roots
-are parameters, so tests pass a temporary tree). Must not decide a budget: device_map combines these.
+are parameters, so tests pass a temporary tree). Must not decide a budget: target_device combines these.
 """
 
 from __future__ import annotations

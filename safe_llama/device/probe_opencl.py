@@ -3,7 +3,7 @@
 Owns the only pyopencl import (lazy: it costs a quarter of a second), the ctypes call for
 cl_khr_pci_bus_info, and running the probe in a child Python (a crashing ICD must not take safe-llama
 down). Must not raise when OpenCL is missing or broken: the report says what it saw and why it saw
-nothing. Must not decide which device llama.cpp uses (device_map does).
+nothing. Must not decide which device llama.cpp uses (target_device does).
 """
 
 from __future__ import annotations

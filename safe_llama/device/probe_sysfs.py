@@ -1,7 +1,7 @@
 """GPUs as Linux sees them: display-class PCI devices in sysfs and their /dev/dri render nodes.
 
 Owns reading /sys/bus/pci/devices and /dev/dri (roots are parameters, so tests pass fixture trees); must
-not open the devices or load drivers, and must not decide which device llama.cpp uses (device_map does).
+not open the devices or load drivers, and must not decide which device llama.cpp uses (target_device does).
 """
 
 from __future__ import annotations

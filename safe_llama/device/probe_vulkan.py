@@ -4,7 +4,7 @@ VK_EXT_memory_budget says is free.
 
 Owns the only libvulkan load, and running the query in a child Python (a crashing ICD must not take
 safe-llama down). Must not raise when Vulkan is missing or broken: the report says what it saw and why
-it saw nothing. Must not decide which device llama.cpp uses nor compute llama.cpp's limits (device_map and
+it saw nothing. Must not decide which device llama.cpp uses nor compute llama.cpp's limits (target_device and
 vulkan_limits do).
 """
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from safe_llama.backends.registry import gpu_marks, log_marks
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.memory_flags import BY_FIELD, changes_of
 from safe_llama.cmdline.request import to_request
-from safe_llama.device.list_devices import parse_list_devices
+from safe_llama.device.llama_listing import parse_list_devices
 from safe_llama.diagnosis.own_lines import OwnLine, OwnTable, own_text
 from safe_llama.diagnosis.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
 from safe_llama.errors import SafeLlamaError
@@ -353,13 +354,13 @@ def failed_run(facts: LogFacts, *, args: Sequence[str], model: str | None, tool:
         cmd = parse(chosen_tool, base, {})
     elif model_path is not None and given_model != model_path:
         changes["--model"] = model_path
-    asked = cmd.value("--ctx-size")
+    asked = cmd.value(BY_FIELD["n_ctx"].option)
     n_ctx, n_ctx_from = facts.n_ctx, facts.n_ctx_from
     cells = _cells_asked(cmd)
     if cells is not None and (args or n_ctx is None):
         n_ctx, n_ctx_from = cells, f"{args_from}: -c {asked}"
     if asked is None and n_ctx is not None:
-        changes["--ctx-size"] = str(n_ctx)
+        changes |= changes_of({"n_ctx": n_ctx})
     final = tuple(rewrite(cmd, changes))
     return FailedRun(
         tool=chosen_tool,

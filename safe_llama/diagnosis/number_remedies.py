@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from safe_llama.backends.openvino import STATEFUL_ENV
+from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.memory_flags import changes_of
 from safe_llama.cmdline.request import to_request
 from safe_llama.diagnosis.remedies import (
     STEP_SUMMARY,
@@ -88,10 +89,11 @@ def _numbers(
 
 
 def _stateful_remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Policy) -> Remedy | None:
-    if n.backend != "openvino" or not n.device_limit:
+    stateful_env = backend_named(n.backend).stateful_env
+    if stateful_env is None or not n.device_limit:
         return None  # only OpenVINO moves the KV cache to the device, and only a device limit is escaped this way
     changes: dict[str, str | bool] = {"--parallel": "1"} if run.tool == "server" and facts.n_seq_max != 1 else {}
-    env = {STATEFUL_ENV: "1"}
+    env = {stateful_env: "1"}
     return Remedy(
         "stateful",
         STEP_SUMMARY["stateful"],
@@ -118,7 +120,7 @@ def _ctx_remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Poli
     ctx = _grid(n.budget, n.requested, n.n_ctx, n.unit)
     if ctx < n.unit:
         return None
-    changes: dict[str, str | bool] = {"--ctx-size": str(ctx)}
+    changes = changes_of({"n_ctx": ctx})
     return Remedy(
         "ctx",
         f"a smaller context: -c {ctx}",
@@ -135,14 +137,14 @@ def _quant_remedy(quant: str) -> Callable[[_Numbers, FailedCommand, LogMachine, 
     step = "kv-q8" if quant == "q8_0" else "kv-q4"
 
     def remedy(n: _Numbers, run: FailedCommand, facts: LogMachine, policy: Policy) -> Remedy | None:
-        if n.backend == "openvino" and quant == "q8_0" and not policy.openvino_q8:
+        if quant == "q8_0" and not backend_named(n.backend).q8_kv_verified and not policy.openvino_q8:
             return None
         if _type_bytes(quant) >= n.bytes_per_element:
             return None  # the cache is already this small
         factor = _type_bytes(quant) / n.bytes_per_element
         new = n.requested * factor
         share = f"{quant} takes {float(factor):.1%} of the {n.types[0]}/{n.types[1]} cache"
-        changes: dict[str, str | bool] = {"--cache-type-k": quant, "--cache-type-v": quant, "--flash-attn": "on"}
+        changes = changes_of({"type_k": quant, "type_v": quant, "flash_attn": "on"})
         caveats = tuple(step_notes(step, n.backend, n.requested, policy, tool=run.tool, model_known=False))
         if new <= n.budget:
             summary = f"a quantized cache: {quant} K and V at the same context"
@@ -154,7 +156,7 @@ def _quant_remedy(quant: str) -> Callable[[_Numbers, FailedCommand, LogMachine, 
             ctx = _grid(n.budget, new, n.n_ctx, n.unit)
             if ctx < n.unit:
                 return None
-            changes["--ctx-size"] = str(ctx)
+            changes |= changes_of({"n_ctx": ctx})
             summary = f"a quantized cache: {quant} K and V at -c {ctx}"
             detail = f"{share}; -c {ctx} is the largest context whose cache stays within {n.budget_words}"
         else:

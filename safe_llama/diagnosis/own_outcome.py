@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from safe_llama.constants import TOOL_BINARY
+from safe_llama.diagnosis.explain_words import Words, fill
 from safe_llama.diagnosis.log_reading import FailedRun, LogReading
 from safe_llama.diagnosis.own_lines import OwnLine
 from safe_llama.diagnosis.remedies import Remedy, bytes_words
 from safe_llama.diagnosis.signatures import Failure
-from safe_llama.diagnosis.words import Words, fill
 
 
 @dataclass(frozen=True)

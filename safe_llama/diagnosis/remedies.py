@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.llama_args import CommandLine, parse, redact_argv, redact_env, rewrite
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import Request, to_request
@@ -20,11 +21,11 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
+from safe_llama.plan.allocation_words import describe, limit_words
 from safe_llama.plan.memory import allocations
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.target import Lessons, Probed, Target, target_policy
-from safe_llama.plan.words import describe, limit_words
 from safe_llama.units import human
 
 # The host budget planned against when the log names none: no limit; a share of the failed KV stands in.
@@ -146,7 +147,7 @@ def step_notes(
     if step in ("kv-q8", "kv-q4"):
         if not model_known:
             notes.append("a quantized K cache needs head sizes divisible by 32: not checked without the model")
-        if backend == "openvino" and not policy.openvino_q8:
+        if not backend_named(backend).q8_kv_verified and not policy.openvino_q8:
             notes.append("q8_0 was never verified on OpenVINO, so it is not offered there")
     return notes
 

@@ -48,13 +48,22 @@ def plan_options(
     if min_ctx is not None and min_ctx < 1:
         raise SafeLlamaError(f"safe-llama: {_where('min_ctx', origins)}: must be at least 1", ExitStatus.USAGE)
     declared = declared_limits(
-        profile=profile, max_alloc=max_alloc, device_memory=device_memory, integrated=integrated,
-        host_memory=host_memory, rpc_memory=rpc_memory, origins=origins,
-    )  # fmt: skip
+        profile=profile,
+        max_alloc=max_alloc,
+        device_memory=device_memory,
+        integrated=integrated,
+        host_memory=host_memory,
+        rpc_memory=rpc_memory,
+        origins=origins,
+    )
     return PlanOptions(
-        ladder=steps, min_ctx=min_ctx, declared=declared, llama_bin=llama_bin, llama_version=llama_version,
+        ladder=steps,
+        min_ctx=min_ctx,
+        declared=declared,
+        llama_bin=llama_bin,
+        llama_version=llama_version,
         kv_split=kv_split,
-    )  # fmt: skip
+    )
 
 
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> LaunchOptions:

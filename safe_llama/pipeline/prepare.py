@@ -16,9 +16,9 @@ from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
-from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.limits import DeclaredLimits
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
@@ -114,14 +114,7 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
             if found.path is None:
                 notes.append(f"draft model {req.draft.hf_repo} is not downloaded yet: planned without it")
         if draft_path:
-            ngl = req.draft.n_gpu_layers
-            draft = Draft(
-                facts=facts_for(draft_path, env),
-                n_gpu_layers=None if ngl < 0 else ngl,
-                type_k=req.draft.type_k,
-                type_v=req.draft.type_v,
-                overrides=req.draft.overrides,
-            )
+            draft = Draft(facts=facts_for(draft_path, env), options=req.draft.options)
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
     return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
 
@@ -147,7 +140,7 @@ def _prepare(
     nvml: NvmlRead | None,
 ) -> Prepared:  # fmt: skip
     from safe_llama.device.binaries import find_binary
-    from safe_llama.device.devices import probe_devices
+    from safe_llama.device.probing import probe_devices
 
     cmd = parse(tool, args, env)
     rpc = cmd.value("--rpc")
@@ -233,7 +226,7 @@ def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapp
 def free_again(prepared: Prepared, env: Mapping[str, str]) -> tuple[Prepared, str | None]:
     """The GPU's free memory read again after a failed start (another program may hold more now), and a line
     saying so when it moved."""
-    from safe_llama.device.devices import free_again as read_again
+    from safe_llama.device.probing import free_again as read_again
 
     before = prepared.target.device_free
     if before is None or prepared.device is None:

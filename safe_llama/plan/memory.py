@@ -14,7 +14,7 @@ from safe_llama.cmdline.memory_flags import LlamaSettings, Override
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
-from safe_llama.plan import words
+from safe_llama.plan import allocation_words
 from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
 from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
@@ -39,7 +39,7 @@ MIB = 1024 * 1024
 @dataclass(frozen=True)
 class Allocation:
     """One buffer, or one budget's total, against the limit it must stay under: which buffer, where, how many
-    bytes and why they count. Numbers and names only: plan.words says it in plain words."""
+    bytes and why they count. Numbers and names only: plan.allocation_words says it in plain words."""
 
     buffer: str  # "kv cap" | "kv tensor" | "kv buffer" | "device total" | "host total"
     place: str  # "host", a device ("CUDA0", "RPC0"), or "" for the KV as a whole (kv cap)
@@ -66,13 +66,13 @@ class Allocation:
 
     @property
     def name(self) -> str:
-        """plan.words.label: kept here for the renderers and tests that name an allocation."""
-        return words.label(self)
+        """plan.allocation_words.label: kept here for the renderers and tests that name an allocation."""
+        return allocation_words.label(self)
 
     @property
     def limit_name(self) -> str:
-        """plan.words.limit_label (see name)."""
-        return words.limit_label(self)
+        """plan.allocation_words.limit_label (see name)."""
+        return allocation_words.limit_label(self)
 
 
 def _model_memory(
@@ -204,9 +204,10 @@ def memory_by_place(
         add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
         draft = layout.draft
-        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=draft.type_k, type_v=draft.type_v))
+        options = draft.options
+        draft_kv = plan_kv(draft.facts, replace(settings.kv, type_k=options.type_k, type_v=options.type_v))
         part = _model_memory(
-            draft.facts, draft.n_gpu_layers, draft.overrides, devices, split, draft_kv, kv_offload, repack, max_tensor,
+            draft.facts, options.n_gpu_layers, options.rules, devices, split, draft_kv, kv_offload, repack, max_tensor,
             weights_cache,
         )  # fmt: skip
         for place, items in part.items():

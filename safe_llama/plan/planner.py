@@ -12,18 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from safe_llama.backends.openvino import STATEFUL_ENV
+from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline import memory_flags
 from safe_llama.cmdline.memory_flags import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Layout, LlamaSettings
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
+from safe_llama.plan.allocation_words import describe
 from safe_llama.plan.memory import Allocation, planned_split
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
 from safe_llama.plan.steps import Inputs, State, Step, ctx_by_type, go_stateful, largest_ctx, walk, worst
 from safe_llama.plan.target import Target, atoi
-from safe_llama.plan.words import describe
 from safe_llama.units import human
 
 __all__ = ["Plan", "Step", "plan"]
@@ -136,7 +137,7 @@ def _from_user_env(inputs: Inputs, settings: LlamaSettings, user_env: Mapping[st
         state = state.took(Step("neo-filter", f"{len(state.env)} NEO variables so only the targeted GPU is visible"))
     if STATEFUL_ENV in user_env:
         yours = f"your {STATEFUL_ENV}={user_env[STATEFUL_ENV]}"
-        if atoi(user_env[STATEFUL_ENV]) != 0 and target.backend == "openvino" and target.on_gpu:
+        if atoi(user_env[STATEFUL_ENV]) != 0 and backend_named(target.backend).stateful_env and target.on_gpu:
             state = go_stateful(inputs, state, f"{yours}: KV in host RAM", {})
         else:
             state = state.noted(f"{yours}: stateful execution stays as you set it")

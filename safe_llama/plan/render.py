@@ -10,7 +10,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, mib_line
-from safe_llama.plan import words
+from safe_llama.plan import allocation_words
 from safe_llama.plan.planner import Plan
 from safe_llama.plan.target import Target
 from safe_llama.units import human
@@ -122,7 +122,13 @@ def decision_result(
         "notes": list(decided.notes),
     }
     out["allocations"] = [
-        {"name": words.label(a), "bytes": a.bytes, "limit": a.limit, "limit_name": words.limit_label(a), "fits": a.fits}
+        {
+            "name": allocation_words.label(a),
+            "bytes": a.bytes,
+            "limit": a.limit,
+            "limit_name": allocation_words.limit_label(a),
+            "fits": a.fits,
+        }
         for a in decided.allocations
     ]
     out["ctx_by_type"] = dict(decided.ctx_by_type)
@@ -144,8 +150,11 @@ def bar(used: int, limit: int, width: int = 30) -> str:
 def decision_text(result: dict[str, Any]) -> list[str]:
     t = result["target"]
     where = t["device"] or ("GPU" if t["on_gpu"] else "host CPU")
-    lines = ["", f"target  {t['backend']} {where}{' (integrated)' if t['integrated'] else ''}"
-             + (f", llama.cpp {t['binary_version']}" if t["binary_version"] else "")]  # fmt: skip
+    lines = [
+        "",
+        f"target  {t['backend']} {where}{' (integrated)' if t['integrated'] else ''}"
+        + (f", llama.cpp {t['binary_version']}" if t["binary_version"] else ""),
+    ]
     decision = result.get("decision")
     if decision is None:
         lines.append(f"decision: nothing fits. {result.get('error') or ''}".rstrip())

@@ -13,12 +13,12 @@ from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import PAD, KvRequest, block_size, ctx_unit, plan_kv
+from safe_llama.plan.allocation_words import describe
 from safe_llama.plan.memory import Allocation, allocations
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.split import WeightsCache
 from safe_llama.plan.target import Target
 from safe_llama.plan.weights_off import layers_words, weights_off
-from safe_llama.plan.words import describe
 
 _TYPE_ORDER = {
     name: i for i, name in enumerate(("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"))

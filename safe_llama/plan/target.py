@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from safe_llama.device.device_map import TargetDevice
 from safe_llama.device.host_budget import HostBudget, HostLimit
 from safe_llama.device.limits import DeviceProfile, Sourced
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
+from safe_llama.device.target_device import TargetDevice
 from safe_llama.plan.policy import ComputeCosts, Policy
 from safe_llama.units import human
 

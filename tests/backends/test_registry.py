@@ -108,3 +108,28 @@ def test_planner_tables_key_their_numbers_by_a_backends_name() -> None:
     )
     keys = {key for table in tables for key in policy[table]} | set(policy["compute"]["kv_f16_copies"])
     assert keys - {b.name for b in BACKENDS} - {"default"} == set()
+
+
+def test_the_quirks_device_asks_about_are_declared_by_one_backend_each() -> None:
+    """device/ applies these by property: the backend that has the quirk is the only one that says so."""
+    assert [b.name for b in BACKENDS if b.free_source == "nvml"] == ["cuda"]
+    assert [b.name for b in BACKENDS if b.vulkan_limits] == ["vulkan"]
+    assert [b.name for b in BACKENDS if b.own_device_env] == ["openvino"]
+    assert [b.name for b in BACKENDS if b.igpu_first] == ["openvino"]
+    assert [b.name for b in BACKENDS if not b.q8_kv_verified] == ["openvino"]
+
+
+def test_openvino_reads_its_own_device_from_the_description() -> None:
+    openvino = backend_named("openvino")
+    assert openvino.own_device_in_description is not None and openvino.integrated_in_description is not None
+    found = re.match(
+        openvino.own_device_in_description, "GGML_OPENVINO_DEVICE=GPU.1 (selected) - Intel(R) Arc(TM) A770 (dGPU)"
+    )
+    assert found is not None
+    assert (found.group("ov"), found.group("selected"), found.group("full")) == (
+        "GPU.1",
+        " (selected)",
+        "Intel(R) Arc(TM) A770 (dGPU)",
+    )
+    kind = re.search(openvino.integrated_in_description, found.group("full"))
+    assert kind is not None and kind.group("integrated") == "d"

@@ -7,12 +7,12 @@ import pytest
 
 from safe_llama.backends.registry import backend_of
 from safe_llama.backends.sycl import PINNED_2G_ENV
-from safe_llama.device.device_map import TargetDevice, resolve_target
-from safe_llama.device.list_devices import DeviceRequest, parse_list_devices
+from safe_llama.device.llama_listing import DeviceRequest, parse_list_devices
 from safe_llama.device.probe_sysfs import SysfsReport
+from safe_llama.device.target_device import TargetDevice, resolve_target
 from safe_llama.diagnosis.log_reading import read_log
 from safe_llama.diagnosis.signatures import load_table
-from tests.device.test_device_map import ARC_A770, ARC_PCI, GIB, opencl
+from tests.device.test_target_device import ARC_A770, ARC_PCI, GIB, opencl
 
 LISTING = "Available devices:\n  SYCL0: Intel(R) Arc(TM) A770 Graphics (15930 MiB, 15000 MiB free)\n"
 # ggml-sycl.cpp ggml_backend_sycl_buffer_type_alloc_buffer, as GGML_LOG_ERROR prints it

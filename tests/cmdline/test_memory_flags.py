@@ -7,10 +7,16 @@ import pytest
 from safe_llama.cmdline.llama_args import arg_table, parse, rewrite
 from safe_llama.cmdline.memory_flags import (
     BY_FIELD,
+    DRAFT_FLAGS,
+    EXPERT_REGEX,
     FLAGS,
+    DraftOptions,
     Layout,
     LlamaSettings,
+    Override,
     argv_changes,
+    changes_of,
+    draft_options,
     kv_request,
     layout,
     setting,
@@ -27,6 +33,24 @@ def test_each_row_names_a_canonical_option_and_one_field() -> None:
     for flag in FLAGS:
         assert sum(flag.field in names for names in homes) == 1, flag.field
         assert flag.given_field is None or flag.given_field in homes[2]
+
+
+def test_each_draft_row_names_a_canonical_option_and_fills_all_of_draft_options() -> None:
+    keys = {spec.key for spec in arg_table("server").specs}
+    assert [f.option for f in DRAFT_FLAGS if f.option not in keys] == []
+    assert sorted(f.field for f in DRAFT_FLAGS) == sorted(f.name for f in fields(DraftOptions))
+    assert all(f.write is None for f in DRAFT_FLAGS)  # the plan never writes a draft option
+
+
+def test_the_draft_options_read_as_llama_cpp_reads_them() -> None:
+    argv = ["-md", "d.gguf", "-ngld", "all", "-ctkd", "q8_0", "-otd", "exps=CPU", "-ncmoed", "1", "-cmoed"]
+    options = draft_options(parse("server", argv, {}))
+    assert (options.n_gpu_layers, options.type_k, options.type_v) == (None, "q8_0", "f16")
+    assert options.rules == (
+        Override("exps", "CPU"),
+        Override(EXPERT_REGEX, "CPU"),
+        Override(rf"blk\.0{EXPERT_REGEX}", "CPU"),
+    )
 
 
 CHOSEN = LlamaSettings(
@@ -75,3 +99,11 @@ def test_a_value_from_the_environment_says_where_it_came_from() -> None:
     with pytest.raises(SafeLlamaError) as err:
         layout(parse("server", [], {"LLAMA_ARG_MAIN_GPU": "one"}))
     assert err.value.message == "safe-llama: -mg (from LLAMA_ARG_MAIN_GPU): 'one' is not a whole number"
+
+
+def test_a_remedys_changes_are_written_as_the_rows_write_them() -> None:
+    assert changes_of({"type_k": "q8_0", "flash_attn": "on", "n_ctx": 4096}) == {
+        "--cache-type-k": "q8_0",
+        "--flash-attn": "on",
+        "--ctx-size": "4096",
+    }

@@ -123,7 +123,8 @@ def test_memory_options() -> None:
     assert layout.devices == ("CUDA0", "CUDA1")
     assert (layout.cache_ram_mib, layout.cache_ram_set, layout.load_mode) == (1024, True, "none")
     assert req.draft is not None
-    assert (req.draft.model, req.draft.n_gpu_layers, req.draft.type_k, req.draft.type_v) == ("d.gguf", 5, "q8_0", "f16")
+    options = req.draft.options
+    assert (req.draft.model, options.n_gpu_layers, options.type_k, options.type_v) == ("d.gguf", 5, "q8_0", "f16")
 
 
 def test_prompt_cache_defaults_to_8192_mib_for_the_server_only() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from safe_llama.commands.devices import render_text, report_json, run_devices_command
-from safe_llama.device.devices import DeviceReport, LlamaProbe, probe_devices
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits, Sourced
-from safe_llama.device.list_devices import MIB, ListedDevices, LlamaDevice, LlamaVersion
+from safe_llama.device.llama_listing import MIB, ListedDevices, LlamaDevice, LlamaVersion
+from safe_llama.device.probing import DeviceReport, LlamaProbe, probe_devices
 from safe_llama.entry import run
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests.device.test_probe_host import v2_tree

@@ -40,7 +40,7 @@ from safe_llama.commands.doctor import (
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import LlamaDevice, LlamaVersion
+from safe_llama.device.llama_listing import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, RenderNode, SysfsReport
 from safe_llama.paths import packaged_configs

@@ -18,11 +18,11 @@ import pytest
 
 from safe_llama.commands import explain
 from safe_llama.commands.explain import Explanation, render_text, run_explain, stage_of, to_json
+from safe_llama.diagnosis.explain_words import load_words
 from safe_llama.diagnosis.log_reading import failed_run, read_log
 from safe_llama.diagnosis.own_lines import load_own_table
 from safe_llama.diagnosis.remedies import Remedy
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.diagnosis.words import load_words
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy
@@ -290,7 +290,7 @@ def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(
     OpenCL or sysfs probe. Each planned remedy states its own size, under the `ulimit -v` the log quotes."""
     import os as os_module
 
-    from safe_llama.device import devices, probe_opencl, probe_sysfs, proc
+    from safe_llama.device import probe_opencl, probe_sysfs, probing, proc
 
     def probed(*_: object, **__: object) -> None:
         raise AssertionError("explain probed this machine")
@@ -298,7 +298,7 @@ def test_explain_probes_nothing_and_sizes_remedies_under_the_logs_limit(
     monkeypatch.setattr(subprocess, "Popen", probed)
     monkeypatch.setattr(os_module, "posix_spawn", probed)
     for module, name in (
-        (proc, "run_capture"), (devices, "probe_devices"), (probe_opencl, "probe_opencl_isolated"),
+        (proc, "run_capture"), (probing, "probe_devices"), (probe_opencl, "probe_opencl_isolated"),
         (probe_sysfs, "probe_sysfs"),
     ):  # fmt: skip
         monkeypatch.setattr(module, name, probed)

@@ -93,9 +93,9 @@ PLANNED = [c for c in CASES if c["model"] not in ("pass-through", "bundled")] + 
 
 def _plan(home: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
           ) -> dict[str, Any]:  # fmt: skip
-    monkeypatch.setattr("safe_llama.device.devices.probe_host", lambda **_: HOST)
+    monkeypatch.setattr("safe_llama.device.probing.probe_host", lambda **_: HOST)
     monkeypatch.setattr(
-        "safe_llama.device.devices.probe_sysfs", lambda **_: SysfsReport(gpus=(), render_nodes=(), note="")
+        "safe_llama.device.probing.probe_sysfs", lambda **_: SysfsReport(gpus=(), render_nodes=(), note="")
     )
     monkeypatch.setattr("safe_llama.device.probe_free.nvidia_driver_loaded", lambda *_: False)
     monkeypatch.chdir(home / "work" if any(a.startswith("../") for a in case["args"]) else home)

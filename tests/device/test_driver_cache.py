@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.devices import probe_llama
 from safe_llama.device.drivers import ProbeRoots, driver_state
+from safe_llama.device.probing import probe_llama
 from tests.device.test_drivers import DRIVER_CHANGES, add_module, fake_roots
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import LlamaDevice, parse_list_devices
+from safe_llama.device.llama_listing import LlamaDevice, parse_list_devices
 from safe_llama.device.probe_free import FreeReading, reading_from_dict
 from safe_llama.device.probe_sysfs import PciGpu
 from safe_llama.paths import packaged_configs

@@ -8,7 +8,7 @@ import pytest
 
 from safe_llama.backends.backend import AllocRule
 from safe_llama.device.limits import INTEL, NVIDIA, Choice
-from safe_llama.device.list_devices import LlamaDevice
+from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.matching import (
     _match_by_name,
     _match_opencl,
@@ -20,7 +20,7 @@ from safe_llama.device.matching import (
 )
 from safe_llama.device.probe_opencl import OpenCLDevice
 from safe_llama.device.probe_sysfs import SysfsReport
-from tests.device.test_device_map import (
+from tests.device.test_target_device import (
     ARC_A770,
     ARC_PCI,
     H200,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.device.devices import probe_devices
 from safe_llama.device.probe_vulkan import (
     VulkanDevice,
     VulkanReport,
@@ -19,6 +18,7 @@ from safe_llama.device.probe_vulkan import (
     report_from_dict,
     report_to_dict,
 )
+from safe_llama.device.probing import probe_devices
 
 LAVAPIPE = "llvmpipe"
 

@@ -75,7 +75,7 @@ def test_the_layout_reads_the_files_the_request_names(tmp_path: Path, model: Pat
     layout, notes = layout_for(to_request(parse("server", args, env)), None, env)
     assert layout.mmproj_bytes == 12345 and notes == ()
     assert layout.ctx_checkpoints == DEFAULT_CTX_CHECKPOINTS and not layout.ctx_checkpoints_set  # a server's default
-    assert layout.draft is not None and layout.draft.n_gpu_layers == 1
+    assert layout.draft is not None and layout.draft.options.n_gpu_layers == 1
     assert (layout.draft.facts.block_count, layout.draft.facts.context_length) == (2, 2048)
     completion, _ = layout_for(to_request(parse("completion", ["-m", str(model)], env)), None, env)
     assert (completion.ctx_checkpoints, completion.mmproj_bytes, completion.draft) == (0, 0, None)
@@ -166,7 +166,7 @@ def test_replan_with_a_lesson_is_smaller_and_reads_nothing_again(
 
     model.unlink()
     monkeypatch.setattr(prepare_module, "facts_for", no_reading)
-    monkeypatch.setattr("safe_llama.device.devices.probe_devices", no_reading)
+    monkeypatch.setattr("safe_llama.device.probing.probe_devices", no_reading)
     monkeypatch.setattr("safe_llama.device.binaries.find_binary", no_reading)
     cap = first.plan.kv.total_bytes // 4
     again = replan(first, HOST_4G, Lessons(kv_cap=cap), env)
@@ -218,7 +218,7 @@ def test_free_again_says_so_when_free_memory_moved(
         asked.append((device, binary, env))
         return Sourced(8 * GIB, "probed", "listed"), True
 
-    monkeypatch.setattr("safe_llama.device.devices.free_again", read_again)
+    monkeypatch.setattr("safe_llama.device.probing.free_again", read_again)
     after, line = free_again(planned, env)
     assert asked == [(planned.device, planned.binary, env)]
     assert line == "CUDA0: 8.00 GiB free now, 10.00 GiB when planned: planning with it"
@@ -232,7 +232,7 @@ def test_free_again_is_quiet_within_one_percent(
     model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, now: int, said: bool
 ) -> None:
     planned = _on_a_gpu(prepare("completion", ["-m", str(model)], env, HOST_4G), 10 * GIB)
-    monkeypatch.setattr("safe_llama.device.devices.free_again", lambda *a: (Sourced(now, "probed", "NVML"), False))
+    monkeypatch.setattr("safe_llama.device.probing.free_again", lambda *a: (Sourced(now, "probed", "NVML"), False))
     after, line = free_again(planned, env)
     assert (line is not None) == said
     assert after.target.device_free is not None and after.target.device_free.value == now  # planned with it anyway
@@ -242,13 +242,13 @@ def test_free_again_without_a_figure_changes_nothing(
     model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prepared = prepare("completion", ["-m", str(model)], env, HOST_4G)
-    monkeypatch.setattr("safe_llama.device.devices.free_again", lambda *a: (Sourced(1, "probed", "x"), False))
+    monkeypatch.setattr("safe_llama.device.probing.free_again", lambda *a: (Sourced(1, "probed", "x"), False))
     assert free_again(prepared, env) == (prepared, None)  # the CPU: no free figure to read again
     assert free_again(replace(_on_a_gpu(prepared, GIB), device=None), env)[1] is None  # no probed device
-    monkeypatch.setattr("safe_llama.device.devices.free_again", lambda *a: None)
+    monkeypatch.setattr("safe_llama.device.probing.free_again", lambda *a: None)
     on_gpu = _on_a_gpu(prepared, GIB)
     assert free_again(on_gpu, env) == (on_gpu, None)  # nothing answered
-    monkeypatch.setattr("safe_llama.device.devices.free_again", lambda *a: (Sourced(GIB // 2, "probed", "x"), False))
+    monkeypatch.setattr("safe_llama.device.probing.free_again", lambda *a: (Sourced(GIB // 2, "probed", "x"), False))
     assert free_again(replace(on_gpu, target=replace(on_gpu.target, device=None)), env)[1] == (
         "the GPU: 512.00 MiB free now, 1.00 GiB when planned: planning with it"
     )

@@ -8,7 +8,7 @@ import pytest
 
 from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.cmdline.llama_args import parse
-from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Draft, Layout, LlamaSettings, Override
+from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Draft, DraftOptions, Layout, LlamaSettings, Override
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, model_facts
@@ -110,7 +110,7 @@ def test_tensor_split_over_two_devices() -> None:
 
 
 def test_draft_mmproj_and_prompt_cache() -> None:
-    draft = Draft(facts=moe_facts(2), n_gpu_layers=0, type_k="q8_0", type_v="q8_0")
+    draft = Draft(facts=moe_facts(2), options=DraftOptions(n_gpu_layers=0, type_k="q8_0", type_v="q8_0"))
     mem = place(Layout(draft=draft, mmproj_bytes=7 * MIB, mmproj_offload=False, cache_ram_mib=1))
     assert mem["host"]["draft_weights"] == 2 * 40 * MIB + 10 * MIB
     assert mem["host"]["draft_kv"] > 0 and "draft_kv" not in mem["CUDA0"]

@@ -190,9 +190,9 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     """systemd's MemoryMax= as the cgroup's memory.max bounds the plan (a tree in tmp_path, real parsing)."""
     from dataclasses import replace
 
-    from safe_llama.device.device_map import TargetDevice
     from safe_llama.device.host_budget import host_budget
     from safe_llama.device.probe_host import probe_host
+    from safe_llama.device.target_device import TargetDevice
     from tests.device.test_probe_host import write
 
     root = tmp_path / "fs"

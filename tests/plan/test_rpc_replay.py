@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import parse_list_devices
+from safe_llama.device.llama_listing import parse_list_devices
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs

@@ -16,14 +16,14 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.device.device_map import resolve_target
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
-from safe_llama.device.list_devices import DeviceRequest, parse_list_devices
+from safe_llama.device.llama_listing import DeviceRequest, parse_list_devices
 from safe_llama.device.probe_free import reading_from_dict
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
+from safe_llama.device.target_device import resolve_target
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.model.facts import load_model_facts
 from safe_llama.model.kv import plan_kv

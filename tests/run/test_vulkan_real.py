@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.cmdline.memory_flags import LlamaSettings
-from safe_llama.device.devices import probe_devices
+from safe_llama.device.probing import probe_devices
 from safe_llama.model.facts import model_facts
 from safe_llama.model.gguf_header import read_header
 from safe_llama.model.kv import KvRequest

@@ -2,7 +2,7 @@
 JSON name them, and the reason lines' "who needs how much, against what" (describe).
 
 Owns that wording (the text is compared by tests and fixtures: change it only on purpose); must not add bytes
-nor check a limit (plan.memory does). The diagnosis's own words are diagnosis.words."""
+nor check a limit (plan.memory does). The diagnosis's own words are diagnosis.explain_words."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from safe_llama.backends import openvino
 from safe_llama.backends.backend import AllocRule, EnvCap
 from safe_llama.backends.registry import ALLOC_RULES, backend_named, backend_of, rule_for
 from safe_llama.device.free_memory import free_figure, match_reading
@@ -23,7 +24,7 @@ from safe_llama.device.limits import (
     DeviceProfile,
     Sourced,
 )
-from safe_llama.device.list_devices import DeviceRequest, ListedDevices, LlamaDevice
+from safe_llama.device.llama_listing import DeviceRequest, ListedDevices, LlamaDevice
 from safe_llama.device.matching import (
     _match_opencl,
     _match_pci,
@@ -142,12 +143,13 @@ def _choose_llama_device(request: DeviceRequest, listed: ListedDevices | None, p
         chosen = usable[0] if usable else None
         name = chosen.name if chosen else None
         if chosen is not None:
-            if request.openvino_device and chosen.backend == "openvino":
-                requested_by = "GGML_OPENVINO_DEVICE"
+            own_device_env = backend_named(chosen.backend).own_device_env
+            if request.openvino_device and own_device_env:
+                requested_by = own_device_env
             offload = ", ".join(d.name for d in usable)
             notes.append(f"no --device: llama.cpp offloads to {offload}; {chosen.name} is the first")
     if chosen is not None:
-        if chosen.backend == "openvino" and chosen.selected is False:
+        if chosen.selected is False:  # a backend's own device other than the one its variable selects
             selected = next((d.openvino_device for d in devices if d.selected), "another")
             warnings.append(
                 f"{chosen.name} is GGML_OPENVINO_DEVICE={chosen.openvino_device}, but the selected OpenVINO "
@@ -169,11 +171,12 @@ def _choose_llama_device(request: DeviceRequest, listed: ListedDevices | None, p
     said = {"notes": tuple(notes), "warnings": tuple(warnings)}
     if name is not None:
         backend = backend_of(name)
-        return Choice(None, name, backend, ov if backend == "openvino" else None, name, requested_by, **said)
+        own_device = ov if backend_named(backend).own_device_env else None
+        return Choice(None, name, backend, own_device, name, requested_by, **said)
     if ov:
-        return Choice(None, None, "openvino", ov, f"OpenVINO {ov}", "GGML_OPENVINO_DEVICE", **said)
+        return Choice(None, None, openvino.BACKEND.name, ov, f"OpenVINO {ov}", openvino.DEVICE_ENV, **said)
     if profile is not None and profile.backend:
-        ov_default = "GPU" if profile.backend == "openvino" else None
+        ov_default = "GPU" if backend_named(profile.backend).own_device_env else None
         return Choice(None, None, profile.backend, ov_default, profile.name, "profile", **said)
     return Choice(None, None, "unknown", None, "unknown", "default", **said)
 
@@ -281,9 +284,10 @@ def _integrated(
         return None
     if cl_device is not None and cl_device.host_unified_memory is not None:
         return Sourced(cl_device.host_unified_memory, "probed", "OpenCL CL_DEVICE_HOST_UNIFIED_MEMORY")
-    openvino_kind = re.search(r"\((i|d)GPU\)\s*$", choice.description) if choice.backend == "openvino" else None
-    if openvino_kind:
-        return Sourced(openvino_kind.group(1) == "i", "probed", "OpenVINO's device name (iGPU/dGPU)")
+    kind_pattern = backend_named(choice.backend).integrated_in_description
+    kind = re.search(kind_pattern, choice.description) if kind_pattern else None
+    if kind:
+        return Sourced(kind.group("integrated") == "i", "probed", "OpenVINO's device name (iGPU/dGPU)")
     if pci is not None and pci.integrated is not None:
         return Sourced(pci.integrated, "probed", f"sysfs: Intel GPU at {pci.bdf}")
     if matched is not None and matched.integrated is not None:
@@ -309,7 +313,7 @@ def resolve_target(
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
     matched by device name. Pure: every fact comes in as a value (`rules`: the backends' rules with a user's
-    [backends] over them, as `devices.backend_rules` reads them)."""
+    [backends] over them, as `probing.backend_rules` reads them)."""
     choice = _choose_llama_device(request, listed, profile)
     backend = backend_named(choice.backend)
     kind = backend.kind(choice.backend_device)
@@ -334,8 +338,8 @@ def resolve_target(
         notes.append(f"profile {profile.key} ({profile.path}) given by name")
 
     vk_limits = None
-    if choice.backend == "vulkan" and vulkan is not None:
-        listed_names = [d.hardware_name for d in listed.devices if d.backend == "vulkan"] if listed else []
+    if backend.vulkan_limits and vulkan is not None:
+        listed_names = [d.hardware_name for d in listed.devices if d.backend == choice.backend] if listed else []
         vk_device, vk_how = match_vulkan(choice.llama_name, choice.description, listed_names, vulkan, env)
         notes.append(vk_how)
         if vk_device is not None:

@@ -1,8 +1,9 @@
 """What safe-llama knows about the device llama.cpp will run on and the host's memory: the probing shell.
 
 Owns running the probes (OpenCL, `--list-devices`/`--version`, sysfs, host), caching the slow ones under
-cache_dir()/probe/, loading device profiles and a user's [backends] rules, the DeviceReport and its rendering,
-and the `devices` command. The decisions are device_map's (pure); must not plan (the planner takes the report's values).
+cache_dir()/probe/, loading device profiles and a user's [backends] rules, and the DeviceReport (the `devices`
+command renders it). The decisions are target_device's (pure); must not plan (the planner takes the report's
+values).
 """
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
-from safe_llama.backends import vulkan as vulkan_backend
 from safe_llama.backends.backend import AllocRule, parse_alloc_rules
-from safe_llama.backends.registry import ALLOC_RULES
+from safe_llama.backends.registry import ALLOC_RULES, BACKENDS, backend_named
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
-from safe_llama.device.device_map import TargetDevice, parse_profile, resolve_target
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
 from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile, Sourced
-from safe_llama.device.list_devices import (
+from safe_llama.device.llama_listing import (
     DeviceRequest,
     ListedDevices,
     LlamaVersion,
@@ -43,6 +42,7 @@ from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
 from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
+from safe_llama.device.target_device import TargetDevice, parse_profile, resolve_target
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir
 
@@ -318,9 +318,10 @@ def probe_devices(
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
     vulkan, vulkan_cached = None, False
-    vk = vulkan_backend.BACKEND
-    listed_vulkan = any(d.backend == vk.name for d in (llama.listed.devices if llama else ()))
-    if listed_vulkan or any(p in str(request.devices) for p in vk.prefixes):
+    # probed when a device llama.cpp lists or the request names is capped by ggml-vulkan's limits
+    listed_vulkan = any(backend_named(d.backend).vulkan_limits for d in (llama.listed.devices if llama else ()))
+    vulkan_prefixes = [p for b in BACKENDS if b.vulkan_limits for p in b.prefixes]
+    if listed_vulkan or any(p in str(request.devices) for p in vulkan_prefixes):
         gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)

@@ -1,4 +1,4 @@
-"""devices: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches,
+"""probing: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches,
 the device profiles in configs/devices/ (the `safe-llama devices` command: tests/commands/test_devices.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
-from safe_llama.device.devices import backend_rules, load_profile, load_profiles, probe_devices, probe_llama
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
-from safe_llama.device.list_devices import MIB
+from safe_llama.device.llama_listing import MIB
+from safe_llama.device.probing import backend_rules, load_profile, load_profiles, probe_devices, probe_llama
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
@@ -174,7 +174,7 @@ def test_declared_and_profile_over_probed(openvino_bin: Path, env: dict[str, str
 
 @pytest.mark.slow
 def test_rpc_probe_names_a_worker_that_does_not_answer(llama_bin: Path) -> None:
-    from safe_llama.device.devices import probe_rpc
+    from safe_llama.device.probing import probe_rpc
     from tests.llama_run import free_port
 
     listed = probe_rpc(llama_bin / "llama-server", f"127.0.0.1:{free_port()}", env=dict(os.environ))

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from safe_llama.backends.registry import backend_of
+from safe_llama.backends.openvino import DEVICE_ENV
+from safe_llama.backends.registry import backend_named, backend_of
 
 if TYPE_CHECKING:
     from safe_llama.cmdline.llama_args import CommandLine
@@ -23,8 +24,6 @@ MIB = 1024 * 1024
 # `  %s: %s (%zu MiB, %zu MiB free)`; the description may itself hold parentheses and colons, and RPC
 # names hold a colon ("RPC0[host:port]") but never ": ", so the name ends at the first ": ".
 _DEVICE_LINE = re.compile(r"^  (?P<name>\S+?): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$")
-# The OpenVINO backend's description: "GGML_OPENVINO_DEVICE=<ov id>[ (selected)] - <OpenVINO full name>".
-_OPENVINO_DESC = re.compile(r"^GGML_OPENVINO_DEVICE=(?P<ov>\S+?)(?P<selected> \(selected\))? - (?P<full>.*)$")
 # The OpenVINO backend aborts --list-devices when GGML_OPENVINO_DEVICE names a device it does not have.
 _OPENVINO_UNAVAILABLE = re.compile(r"GGML_OPENVINO_DEVICE=(?P<req>\S+) is not available\.")
 _OPENVINO_AVAILABLE_LINE = re.compile(r"^  (?P<ov>[A-Z][A-Z0-9.]*): (?P<full>.+)$")
@@ -113,13 +112,14 @@ def parse_list_devices(stdout: str, stderr: str = "") -> ListedDevices:
             free_bytes=int(match.group("free")) * MIB,
             hardware_name=description,
         )
-        openvino = _OPENVINO_DESC.match(description) if device.backend == "openvino" else None
-        if openvino:
+        own_device = backend_named(device.backend).own_device_in_description
+        wrapped = re.match(own_device, description) if own_device else None
+        if wrapped:
             device = replace(
                 device,
-                hardware_name=openvino.group("full"),
-                openvino_device=openvino.group("ov"),
-                selected=openvino.group("selected") is not None,
+                hardware_name=wrapped.group("full"),
+                openvino_device=wrapped.group("ov"),
+                selected=wrapped.group("selected") is not None,
             )
         devices.append(device)
     return ListedDevices(devices=tuple(devices))
@@ -160,7 +160,7 @@ def resolve_request(cmd: CommandLine, env: Mapping[str, str]) -> DeviceRequest:
     for i in cmd.rejected_at:
         if i > at and cmd.argv[i].startswith("--device="):
             value, source, at = cmd.argv[i].split("=", 1)[1], "--device", i
-    openvino = env.get("GGML_OPENVINO_DEVICE") or None
+    openvino = env.get(DEVICE_ENV) or None
     if value is None:
         return DeviceRequest(devices=None, devices_from="default", openvino_device=openvino)
     names = tuple(part.strip() for part in value.split(",") if part.strip())

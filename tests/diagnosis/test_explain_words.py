@@ -1,11 +1,11 @@
-"""Tests for safe_llama/diagnosis/words.py: explain's plain words (configs/explain.toml)."""
+"""Tests for safe_llama/diagnosis/explain_words.py: explain's plain words (configs/explain.toml)."""
 
 from __future__ import annotations
 
 import pytest
 
+from safe_llama.diagnosis.explain_words import fill, load_words, parse_words
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.diagnosis.words import fill, load_words, parse_words
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import packaged_configs
 

@@ -1,4 +1,4 @@
-"""device_map: the pure mapping from a request to a device and its limits.
+"""target_device: the pure mapping from a request to a device and its limits.
 
 Plain values in, values out. The OpenCL devices are written from real reports (pocl here, the H200
 fixture, the seed's UHD 770 figure); the iGPU+dGPU machines are the seed's situation.
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.backends.backend import AllocRule, EnvCap
-from safe_llama.device.device_map import _max_alloc, parse_profile, resolve_target
 from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, DeviceProfile
-from safe_llama.device.list_devices import MIB, DeviceRequest, ListedDevices, parse_list_devices
+from safe_llama.device.llama_listing import MIB, DeviceRequest, ListedDevices, parse_list_devices
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
+from safe_llama.device.target_device import _max_alloc, parse_profile, resolve_target
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests import FIXTURES
 

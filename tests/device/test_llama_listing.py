@@ -1,11 +1,11 @@
-"""list_devices: llama.cpp's --list-devices / --version text and the device a command line asks for."""
+"""llama_listing: llama.cpp's --list-devices / --version text and the device a command line asks for."""
 
 from __future__ import annotations
 
 import pytest
 
 from safe_llama.cmdline.llama_args import parse
-from safe_llama.device.list_devices import (
+from safe_llama.device.llama_listing import (
     MIB,
     DeviceRequest,
     parse_list_devices,

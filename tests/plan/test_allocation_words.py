@@ -1,11 +1,11 @@
-"""plan.words: each allocation's label, its limit's, and the reason lines' words, from values alone."""
+"""plan.allocation_words: each allocation's label, its limit's, and the reason lines' words, from values alone."""
 
 from __future__ import annotations
 
 import pytest
 
 from safe_llama.device.limits import Sourced
-from safe_llama.plan import words
+from safe_llama.plan import allocation_words
 from safe_llama.plan.memory import Allocation
 
 GIB = 1 << 30
@@ -68,9 +68,9 @@ SPACE = Allocation(
     ],
 )
 def test_words_of_an_allocation(allocation: Allocation, label: str, limit_label: str, described: str) -> None:
-    assert words.label(allocation) == allocation.name == label
-    assert words.limit_label(allocation) == allocation.limit_name == limit_label
-    assert words.describe(allocation) == described
+    assert allocation_words.label(allocation) == allocation.name == label
+    assert allocation_words.limit_label(allocation) == allocation.limit_name == limit_label
+    assert allocation_words.describe(allocation) == described
 
 
 def test_kv_pieces_of_several_caches_name_their_cache() -> None:
@@ -78,9 +78,9 @@ def test_kv_pieces_of_several_caches_name_their_cache() -> None:
         "kv buffer", "Vulkan0", GIB, 2 * GIB, 1024, source=Sourced(2 * GIB, "probed", "x"), cache="swa", caches=2,
         piece=2, pieces=3,
     )  # fmt: skip
-    assert words.label(piece) == "KV swa buffer 2/3"
-    assert words.subject(piece) == "swa KV cache piece 2 of 3"
-    assert words.limit_words(piece) == "the GPU's 2.00 GiB limit per allocation (probed)"
+    assert allocation_words.label(piece) == "KV swa buffer 2/3"
+    assert allocation_words.subject(piece) == "swa KV cache piece 2 of 3"
+    assert allocation_words.limit_words(piece) == "the GPU's 2.00 GiB limit per allocation (probed)"
 
 
 def test_a_tensor_and_the_kv_cap() -> None:
@@ -88,14 +88,17 @@ def test_a_tensor_and_the_kv_cap() -> None:
         "kv tensor", "Vulkan0", 3 * GIB, 2 * GIB, 1024, source=Sourced(2 * GIB, "probed", "maxStorageBufferRange"),
         cache="full", caches=2, part="V",
     )  # fmt: skip
-    assert words.label(tensor) == "KV full V tensor of one layer"
-    assert words.describe(tensor) == (
+    assert allocation_words.label(tensor) == "KV full V tensor of one layer"
+    assert allocation_words.describe(tensor) == (
         "one layer's V cache (full) 3.00 GiB at -c 1024 is above the device's 2.00 GiB limit per tensor "
         "(probed: maxStorageBufferRange)"
     )
     cap = Allocation("kv cap", "", 2 * GIB, GIB, 4096)
-    assert (words.label(cap), words.limit_label(cap)) == ("KV total", "smaller than the start that failed")
+    assert (allocation_words.label(cap), allocation_words.limit_label(cap)) == (
+        "KV total",
+        "smaller than the start that failed",
+    )
     assert (
-        words.describe(cap)
+        allocation_words.describe(cap)
         == "the KV cache 2.00 GiB at -c 4096 is above the 1.00 GiB allowed after the start that failed"
     )
