@@ -111,10 +111,13 @@ else
   fi
 fi
 
-say "pinned llama.cpp (cpu): $(PYTHON=$PY bash scripts/build-llama.sh cpu)"
-[ "$MODE" = test ] && say "pinned llama.cpp (openvino): $(PYTHON=$PY bash scripts/build-llama.sh openvino)"
-[ "$VULKAN" = yes ] && say "pinned llama.cpp (vulkan): $(PYTHON=$PY bash scripts/build-llama.sh vulkan)"
-say "bundled model: $("$PY" -c 'import os; from safe_llama.model.bundled import bundled_model_path as p; print(p(os.environ))')"
+# each result is taken into a variable first: a failure inside "$(...)" in say's argument would not stop set -e
+build() { local bin; bin=$(PYTHON=$PY bash scripts/build-llama.sh "$1") || exit 1; say "pinned llama.cpp ($1): $bin"; }
+build cpu
+[ "$MODE" = test ] && build openvino
+[ "$VULKAN" = yes ] && build vulkan
+MODEL=$("$PY" -c 'import os; from safe_llama.model.bundled import bundled_model_path as p; print(p(os.environ))')
+say "bundled model: $MODEL"
 
 if [ "$MODE" = user ]; then
   [ "$(id -u)" -eq 0 ] && install -m 0644 README.md "$PREFIX/README.md"   # the unit's Documentation=
