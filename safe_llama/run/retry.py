@@ -9,6 +9,7 @@ that. Pure: values in, values out (plan.Lessons in and out); must not plan, laun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -51,33 +52,64 @@ class Lesson:
 
 
 def named_lesson(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
-    """What a failure that names a usable number teaches (a device's max allocation, the weights' size on
-    the local GPU, the compute buffers' real size); None: it names nothing usable (step_below then)."""
-    limit = failure.limit_bytes
-    if limit is not None and (before.learned_max_alloc is None or limit < before.learned_max_alloc):
-        lessons = replace(before, learned_max_alloc=limit, margin_scale=KEEP_MARGIN)
-        return Lesson(lessons, f"device max allocation {human(limit)} learned from the device's own error")
-    requested = failure.requested_bytes
-    if failure.stage == "weights" and requested is not None and _on_device(failure.buffer, attempt.device):
-        # the first allocation of a start: less than this was free on the device, whatever the KV
-        cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
-        return Lesson(
-            replace(before, device_cap=cap, margin_scale=KEEP_MARGIN),
-            f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
-            "the KV kept as planned",
-        )
-    if (
-        failure.stage == "compute"
-        and requested is not None
-        and attempt.compute_estimate > 0
-        and requested > (attempt.compute_estimate + before.compute_extra) * _NEWS
-    ):
-        return Lesson(
-            replace(before, compute_extra=requested - attempt.compute_estimate, margin_scale=KEEP_MARGIN),
-            f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
-            " planning with the size named",
-        )
+    """What a failure that names a usable number teaches: the first of LEARNERS, in their order, whose field a
+    line of the failure names (configs/signatures.toml `teaches`) and that finds its number usable; None: it
+    names nothing usable (step_below then)."""
+    for name, learn in LEARNERS.items():
+        if name in failure.teaches:
+            lesson = learn(attempt, failure, before)
+            if lesson is not None:
+                return lesson
     return None
+
+
+def _max_alloc(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """A device's largest single allocation, named by the device (a lower one than known is news)."""
+    limit = failure.limit_bytes
+    if limit is None or (before.learned_max_alloc is not None and limit >= before.learned_max_alloc):
+        return None
+    lessons = replace(before, learned_max_alloc=limit, margin_scale=KEEP_MARGIN)
+    return Lesson(lessons, f"device max allocation {human(limit)} learned from the device's own error")
+
+
+def _device_cap(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """The local GPU held less than the weights it could not allocate, whatever the KV."""
+    requested = failure.requested_bytes
+    if failure.stage != "weights" or requested is None or not _on_device(failure.buffer, attempt.device):
+        return None
+    # the first allocation of a start: less than this was free on the device
+    cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
+    return Lesson(
+        replace(before, device_cap=cap, margin_scale=KEEP_MARGIN),
+        f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
+        "the KV kept as planned",
+    )
+
+
+def _compute_extra(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """The compute buffers' real size, where it is larger than the estimate and what was learned before."""
+    requested = failure.requested_bytes
+    if (
+        failure.stage != "compute"
+        or requested is None
+        or attempt.compute_estimate <= 0
+        or requested <= (attempt.compute_estimate + before.compute_extra) * _NEWS
+    ):
+        return None
+    return Lesson(
+        replace(before, compute_extra=requested - attempt.compute_estimate, margin_scale=KEEP_MARGIN),
+        f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
+        " planning with the size named",
+    )
+
+
+# What a failure's numbers teach, by the Lessons field a signature row names (`teaches`), tried in this order.
+# A new lesson from a new signature: its row names the field, and its rule is one function here.
+LEARNERS: dict[str, Callable[[Attempt, Failure, Lessons], Lesson | None]] = {
+    "learned_max_alloc": _max_alloc,
+    "device_cap": _device_cap,
+    "compute_extra": _compute_extra,
+}
 
 
 def step_below(

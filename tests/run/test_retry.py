@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.diagnosis.signatures import Failure, classify, load_table, scan_text
+from safe_llama.diagnosis.signatures import LESSON_FIELDS, Failure, classify, load_table, scan_text
 from safe_llama.pipeline.options import launch_options
 from safe_llama.pipeline.prepare import Prepared, prepare
 from safe_llama.plan.target import Lessons
@@ -98,6 +98,12 @@ def test_steps_below_a_failure_that_names_nothing(attempt: Attempt, stepped: boo
     lesson = learn(attempt, failure, Lessons(), stepped=stepped, lower_kv=lower, search_band=False)
     assert lesson.lessons.kv_cap == cap and lesson.lessons.margin_scale == KEEP_MARGIN
     assert lesson.reason.startswith("a thread's stack did not fit")
+
+
+def test_every_lesson_a_signature_teaches_has_its_rule() -> None:
+    """A row's `teaches` names a Lessons field; each one named in the packaged table is a learner's."""
+    taught = {sig.teaches for sig in load_table().signatures if sig.teaches is not None}
+    assert taught == set(retry.LEARNERS) and set(retry.LEARNERS) <= set(LESSON_FIELDS)
 
 
 def test_a_cap_never_grows_back() -> None:
