@@ -43,6 +43,7 @@ class Attempt:
     kv_bytes: int  # KV cache in all
     compute_estimate: int  # the planner's compute estimate at its context (0: not planned)
     device: str | None = None  # the local GPU's name (CUDA0, Vulkan0), when the plan put layers there
+    device_weights: int | None = None  # the weights the plan put on that GPU (None: not planned)
 
 
 @dataclass(frozen=True)
@@ -73,17 +74,26 @@ def _max_alloc(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | 
 
 
 def _device_cap(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
-    """The local GPU held less than the weights it could not allocate, whatever the KV."""
+    """The local GPU held less than what it had been given when an allocation there failed: the weights it
+    could not allocate (whatever the KV), or its weights and the KV buffer it could not allocate after them
+    (the compute buffers come later: the next plan makes room for them below that)."""
     requested = failure.requested_bytes
-    if failure.stage != "weights" or requested is None or not _on_device(failure.buffer, attempt.device):
+    if requested is None or not _on_device(failure.buffer, attempt.device):
         return None
-    # the first allocation of a start: less than this was free on the device
-    cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
-    return Lesson(
-        replace(before, device_cap=cap, margin_scale=KEEP_MARGIN),
-        f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
-        "the KV kept as planned",
-    )
+    if failure.stage == "weights":  # the first allocation of a start: less than this was free on the device
+        held, reason = requested - 1, f"the model weights ({human(requested)}) did not fit on {attempt.device}: "
+        reason += "fewer layers there, the KV kept as planned"
+    elif failure.stage == "kv" and failure.limit_bytes is None and attempt.device_weights is not None:
+        # a KV split in buffers names one of them: the cap is then lower than the device's room (the safe side)
+        held = attempt.device_weights + requested - 1
+        reason = (
+            f"the KV cache ({human(requested)}) did not fit on {attempt.device} beside "
+            f"{human(attempt.device_weights)} of weights: planning with what the device held then"
+        )
+    else:
+        return None
+    cap = held if before.device_cap is None else min(before.device_cap, held)
+    return Lesson(replace(before, device_cap=cap, margin_scale=KEEP_MARGIN), reason)
 
 
 def _compute_extra(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
@@ -183,7 +193,12 @@ def attempted(prepared: Prepared, kv_now: Footprint | None, *, planned: bool) ->
     target = prepared.target
     estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
     device = target.device if target.on_gpu and not target.integrated else None
-    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, device=device)
+    weights = None
+    if planned and prepared.plan is not None and device is not None:
+        from safe_llama.plan.memory import memory_by_place
+
+        weights = memory_by_place(prepared.facts, prepared.plan.settings, target).get(device, {}).get("weights", 0)
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, device=device, device_weights=weights)
 
 
 def planned_footprint(prepared: Prepared) -> Footprint:
