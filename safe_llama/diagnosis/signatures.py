@@ -1,7 +1,8 @@
 """Error signatures: recognising llama.cpp's failure lines and deciding what a failed start means.
 
-Owns the signature table (configs/signatures.toml plus a user's file), the incremental line scanner and
-the memory-or-not classification. Pure: no I/O but reading the table files; must not launch or signal.
+Owns the signature table (configs/signatures.toml plus a user's file: each row's pattern, category, stage and
+the lesson it teaches), the incremental line scanner and the memory-or-not classification. Pure: no I/O but
+reading the table files; must not launch or signal.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import codecs
 import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import packaged_configs
+from safe_llama.plan.target import Lessons
 
 Category = Literal["alloc", "context", "not_memory", "generic", "harmless"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
@@ -24,6 +26,8 @@ CATEGORIES: tuple[str, ...] = get_args(Category)
 # What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.
 FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", "exit"]
 MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
+# What a row's `teaches` may name: a field of the one record of lessons (run/retry.py's LEARNERS fill them).
+LESSON_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Lessons))
 
 GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"})
 # What a failed allocation was for, where a line says so: the retry sizes the next plan from it.
@@ -49,6 +53,7 @@ class Signature:
     pattern: re.Pattern[str]
     source: str = ""
     stage: Stage | None = None
+    teaches: str | None = None  # the plan.target.Lessons field its numbers go to (run/retry.py's LEARNERS)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Match:
     buffer: str | None = None
     requested_is_estimate: bool = False  # requested_bytes was computed from a rounded MiB figure
     stage: Stage | None = None
+    teaches: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Failure:
     signal: int | None = None  # the signal that ended the child, if one did
     evidence: str | None = None  # for a SIGKILL: the memory counter that rose (the OOM killer's trace)
     stage: Stage | None = None  # what the failed allocation was for, when a line of the start-up said
+    teaches: tuple[str, ...] = ()  # the Lessons fields the start-up's lines name, in the order printed
 
 
 def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Match:
@@ -114,6 +121,7 @@ def _to_match(sig: Signature, line: str, groups: Mapping[str, str | None]) -> Ma
         buffer=groups.get("buffer") or None,
         requested_is_estimate=estimate,
         stage=sig.stage,
+        teaches=sig.teaches,
     )
 
 
@@ -138,7 +146,7 @@ def default_table_path() -> Path:
 def _parse_entry(entry: Any, where: str) -> Signature:
     if not isinstance(entry, dict):
         raise SafeLlamaError(f"safe-llama: {where}: a [[signature]] must be a table", ExitStatus.BAD_CONFIG)
-    unknown = set(entry) - {"id", "category", "regex", "source", "stage"}
+    unknown = set(entry) - {"id", "category", "regex", "source", "stage", "teaches"}
     if unknown:
         raise SafeLlamaError(f"safe-llama: {where}: unknown key(s) {', '.join(sorted(unknown))}", ExitStatus.BAD_CONFIG)
     sig_id, category, regex = entry.get("id"), entry.get("category"), entry.get("regex")
@@ -165,8 +173,14 @@ def _parse_entry(entry: Any, where: str) -> Signature:
     stage = entry.get("stage")
     if stage is not None and stage not in STAGES:
         raise SafeLlamaError(f"safe-llama: {where}: stage must be one of {', '.join(STAGES)}", ExitStatus.BAD_CONFIG)
+    teaches = entry.get("teaches")
+    if teaches is not None and teaches not in LESSON_FIELDS:
+        raise SafeLlamaError(
+            f"safe-llama: {where}: teaches must name a field of the lessons: {', '.join(LESSON_FIELDS)}",
+            ExitStatus.BAD_CONFIG,
+        )
     source = entry.get("source", "")
-    return Signature(id=sig_id, category=category, pattern=pattern, source=str(source), stage=stage)
+    return Signature(id=sig_id, category=category, pattern=pattern, source=str(source), stage=stage, teaches=teaches)
 
 
 def parse_table(text: str, where: str = "signatures") -> tuple[Signature, ...]:
@@ -314,6 +328,7 @@ def _memory_failure(kind: FailureKind, decisive: Match | None, matches: Sequence
         buffer=next((m.buffer for m in allocs if m.buffer), None),
         signal=sig,
         stage=next((m.stage for m in matches if m.stage and m.category in ("alloc", "context")), None),
+        teaches=tuple(dict.fromkeys(m.teaches for m in matches if m.teaches and m.category in ("alloc", "context"))),
     )
 
 

@@ -9,6 +9,7 @@ that. Pure: values in, values out (plan.Lessons in and out); must not plan, laun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ class Attempt:
     kv_bytes: int  # KV cache in all
     compute_estimate: int  # the planner's compute estimate at its context (0: not planned)
     device: str | None = None  # the local GPU's name (CUDA0, Vulkan0), when the plan put layers there
+    device_weights: int | None = None  # the weights the plan put on that GPU (None: not planned)
 
 
 @dataclass(frozen=True)
@@ -51,33 +53,73 @@ class Lesson:
 
 
 def named_lesson(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
-    """What a failure that names a usable number teaches (a device's max allocation, the weights' size on
-    the local GPU, the compute buffers' real size); None: it names nothing usable (step_below then)."""
-    limit = failure.limit_bytes
-    if limit is not None and (before.learned_max_alloc is None or limit < before.learned_max_alloc):
-        lessons = replace(before, learned_max_alloc=limit, margin_scale=KEEP_MARGIN)
-        return Lesson(lessons, f"device max allocation {human(limit)} learned from the device's own error")
-    requested = failure.requested_bytes
-    if failure.stage == "weights" and requested is not None and _on_device(failure.buffer, attempt.device):
-        # the first allocation of a start: less than this was free on the device, whatever the KV
-        cap = requested - 1 if before.device_cap is None else min(before.device_cap, requested - 1)
-        return Lesson(
-            replace(before, device_cap=cap, margin_scale=KEEP_MARGIN),
-            f"the model weights ({human(requested)}) did not fit on {attempt.device}: fewer layers there, "
-            "the KV kept as planned",
-        )
-    if (
-        failure.stage == "compute"
-        and requested is not None
-        and attempt.compute_estimate > 0
-        and requested > (attempt.compute_estimate + before.compute_extra) * _NEWS
-    ):
-        return Lesson(
-            replace(before, compute_extra=requested - attempt.compute_estimate, margin_scale=KEEP_MARGIN),
-            f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
-            " planning with the size named",
-        )
+    """What a failure that names a usable number teaches: the first of LEARNERS, in their order, whose field a
+    line of the failure names (configs/signatures.toml `teaches`) and that finds its number usable; None: it
+    names nothing usable (step_below then)."""
+    for name, learn in LEARNERS.items():
+        if name in failure.teaches:
+            lesson = learn(attempt, failure, before)
+            if lesson is not None:
+                return lesson
     return None
+
+
+def _max_alloc(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """A device's largest single allocation, named by the device (a lower one than known is news)."""
+    limit = failure.limit_bytes
+    if limit is None or (before.learned_max_alloc is not None and limit >= before.learned_max_alloc):
+        return None
+    lessons = replace(before, learned_max_alloc=limit, margin_scale=KEEP_MARGIN)
+    return Lesson(lessons, f"device max allocation {human(limit)} learned from the device's own error")
+
+
+def _device_cap(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """The local GPU held less than what it had been given when an allocation there failed: the weights it
+    could not allocate (whatever the KV), or its weights and the KV buffer it could not allocate after them
+    (the compute buffers come later: the next plan makes room for them below that)."""
+    requested = failure.requested_bytes
+    if requested is None or not _on_device(failure.buffer, attempt.device):
+        return None
+    if failure.stage == "weights":  # the first allocation of a start: less than this was free on the device
+        held, reason = requested - 1, f"the model weights ({human(requested)}) did not fit on {attempt.device}: "
+        reason += "fewer layers there, the KV kept as planned"
+    elif failure.stage == "kv" and failure.limit_bytes is None and attempt.device_weights is not None:
+        # a KV split in buffers names one of them: the cap is then lower than the device's room (the safe side)
+        held = attempt.device_weights + requested - 1
+        reason = (
+            f"the KV cache ({human(requested)}) did not fit on {attempt.device} beside "
+            f"{human(attempt.device_weights)} of weights: planning with what the device held then"
+        )
+    else:
+        return None
+    cap = held if before.device_cap is None else min(before.device_cap, held)
+    return Lesson(replace(before, device_cap=cap, margin_scale=KEEP_MARGIN), reason)
+
+
+def _compute_extra(attempt: Attempt, failure: Failure, before: Lessons) -> Lesson | None:
+    """The compute buffers' real size, where it is larger than the estimate and what was learned before."""
+    requested = failure.requested_bytes
+    if (
+        failure.stage != "compute"
+        or requested is None
+        or attempt.compute_estimate <= 0
+        or requested <= (attempt.compute_estimate + before.compute_extra) * _NEWS
+    ):
+        return None
+    return Lesson(
+        replace(before, compute_extra=requested - attempt.compute_estimate, margin_scale=KEEP_MARGIN),
+        f"the compute buffers took {human(requested)} where {human(attempt.compute_estimate)} was estimated:"
+        " planning with the size named",
+    )
+
+
+# What a failure's numbers teach, by the Lessons field a signature row names (`teaches`), tried in this order.
+# A new lesson from a new signature: its row names the field, and its rule is one function here.
+LEARNERS: dict[str, Callable[[Attempt, Failure, Lessons], Lesson | None]] = {
+    "learned_max_alloc": _max_alloc,
+    "device_cap": _device_cap,
+    "compute_extra": _compute_extra,
+}
 
 
 def step_below(
@@ -151,7 +193,12 @@ def attempted(prepared: Prepared, kv_now: Footprint | None, *, planned: bool) ->
     target = prepared.target
     estimate = compute_estimate(prepared.facts, kv, req, kv_f16_copies=target.kv_f16_copies, costs=target.compute_costs)
     device = target.device if target.on_gpu and not target.integrated else None
-    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, device=device)
+    weights = None
+    if planned and prepared.plan is not None and device is not None:
+        from safe_llama.plan.memory import memory_by_place
+
+        weights = memory_by_place(prepared.facts, prepared.plan.settings, target).get(device, {}).get("weights", 0)
+    return Attempt(kv_bytes=kv_bytes, compute_estimate=estimate, device=device, device_weights=weights)
 
 
 def planned_footprint(prepared: Prepared) -> Footprint:

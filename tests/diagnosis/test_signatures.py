@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.diagnosis.signatures import (
+    LESSON_FIELDS,
     Failure,
     Match,
     Scanner,
@@ -691,6 +692,7 @@ def test_merge_keeps_builtin_order() -> None:
         ("[[signature]]\ncategory = 'alloc'\nregex = 'x'\n", "needs an id"),
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\npriority = 1\n", "unknown key"),
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\nstage = 'kv-cache'\n", "stage must be one of"),
+        ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\nteaches = 'kv'\n", "teaches must name a field"),
         ("[[signature]]\nid = 'a'\ncategory = 'alloc'\nregex = 'x'\n" * 2, "duplicate signature id"),
         ("signature = 3\n", "array of tables"),
         ("[[signature]\n", "signatures"),
@@ -707,3 +709,10 @@ def test_missing_user_file_is_a_config_error(tmp_path: Path) -> None:
         load_table(tmp_path / "nope.toml")
     assert err.value.status == ExitStatus.BAD_CONFIG
     assert "nope.toml" in err.value.message
+
+
+def test_a_failure_carries_the_lessons_its_lines_teach() -> None:
+    """The H200 recording of a compute buffer that did not fit: the row that says so names the lesson."""
+    failure = classify(scan_text(TABLE, log_bytes("cuda-compute-oom-q8.log")), 1)
+    assert failure is not None and failure.teaches == ("compute_extra",)
+    assert all(sig.teaches in (None, *LESSON_FIELDS) for sig in TABLE.signatures)

@@ -94,7 +94,7 @@ def test_the_last_attempt_gives_up_with_its_own_code(launch: Launch) -> None:
 def test_a_plan_no_smaller_than_the_failure_gives_up(launch: Launch) -> None:
     loop = _loop(launch)
     loop.next_start()
-    limit = Failure(kind="alloc", memory=True, line="max alloc", limit_bytes=1 << 40)  # teaches nothing smaller
+    limit = Failure(kind="alloc", memory=True, line="max alloc", limit_bytes=1 << 40, teaches=("learned_max_alloc",))
     assert isinstance(loop.observe(_ended(limit)), Retry)
     again = loop.next_start()
     assert isinstance(again.give_up, SafeLlamaError) and "no plan smaller than the one that failed" in str(

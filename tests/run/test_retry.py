@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.diagnosis.signatures import Failure, classify, load_table, scan_text
+from safe_llama.diagnosis.signatures import LESSON_FIELDS, Failure, classify, load_table, scan_text
 from safe_llama.pipeline.options import launch_options
 from safe_llama.pipeline.prepare import Prepared, prepare
 from safe_llama.plan.target import Lessons
@@ -55,6 +55,21 @@ def test_compute_buffer_named_by_cuda_is_planned_with_exactly() -> None:
     assert "32.44 GiB" in lesson.reason
 
 
+def test_a_kv_buffer_refused_by_the_gpu_teaches_the_room_it_had() -> None:
+    """The H200 recording (llama-server -c 2000000 -ngl 99 --fit off): the 262,160,777,216-byte CUDA0 KV buffer
+    was refused after the weights: the device held less than both, and the compute buffers still come after."""
+    weights = 3 * GIB
+    attempt = Attempt(kv_bytes=262_160_777_216, compute_estimate=GIB, device="CUDA0", device_weights=weights)
+    lesson = learn(attempt, _failure("cuda-oom-fitoff.log"), Lessons(), lower_kv=None, search_band=False)
+    assert lesson.lessons.device_cap == weights + 262_160_777_216 - 1
+    assert lesson.lessons.kv_cap is None and lesson.lessons.margin_scale == KEEP_MARGIN
+    assert lesson.reason.startswith("the KV cache (244.16 GiB) did not fit on CUDA0 beside 3.00 GiB of weights")
+    # not planned (weights unknown), or on another device: a step below, as before
+    unplanned = learn(Attempt(262_160_777_216, GIB, "CUDA0"), _failure("cuda-oom-fitoff.log"), Lessons(),
+                      lower_kv=None, search_band=False)  # fmt: skip
+    assert unplanned.lessons.device_cap is None and unplanned.lessons.kv_cap is not None
+
+
 def test_compute_buffer_within_the_estimate_is_no_news() -> None:
     failure = _failure("server-compute-oom-lv4.log")  # 175,403,040 bytes
     lesson = learn(
@@ -98,6 +113,12 @@ def test_steps_below_a_failure_that_names_nothing(attempt: Attempt, stepped: boo
     lesson = learn(attempt, failure, Lessons(), stepped=stepped, lower_kv=lower, search_band=False)
     assert lesson.lessons.kv_cap == cap and lesson.lessons.margin_scale == KEEP_MARGIN
     assert lesson.reason.startswith("a thread's stack did not fit")
+
+
+def test_every_lesson_a_signature_teaches_has_its_rule() -> None:
+    """A row's `teaches` names a Lessons field; each one named in the packaged table is a learner's."""
+    taught = {sig.teaches for sig in load_table().signatures if sig.teaches is not None}
+    assert taught == set(retry.LEARNERS) and set(retry.LEARNERS) <= set(LESSON_FIELDS)
 
 
 def test_a_cap_never_grows_back() -> None:
