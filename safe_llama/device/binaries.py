@@ -15,6 +15,7 @@ from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.self_check import is_self as _is_self
 from safe_llama.device.self_check import own_paths
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.messages import BINARY_NO_SUCH_FILE, BINARY_NOT_FOUND
 from safe_llama.paths import pinned_bin_dirs
 
 
@@ -51,7 +52,7 @@ def locate_binary(
         candidates.append(("config bin_dir", Path(config_bin_dir) / name))
     for source, path in candidates:  # explicit choices: a wrong one is an error, not a fallback
         if not path.exists():
-            raise SafeLlamaError(f"safe-llama: {path} ({source}): no such file", ExitStatus.NOT_FOUND)
+            raise BINARY_NO_SUCH_FILE.error(ExitStatus.NOT_FOUND, path=path, source=source)
         if _is_self(str(path), own):
             raise SafeLlamaError(
                 f"safe-llama: {path} ({source}) is safe-llama itself, not llama.cpp", ExitStatus.NOT_FOUND
@@ -72,8 +73,4 @@ def locate_binary(
         pinned = folder / name
         if pinned.is_file() and os.access(pinned, os.X_OK):
             return pinned, f"the pinned build in {where}"
-    raise SafeLlamaError(
-        f"safe-llama: {name} not found (SAFE_LLAMA_BIN_DIR, PATH, {', '.join(str(p) for _, p in places)}); "
-        "build it with scripts/build-llama.sh or set SAFE_LLAMA_BIN_DIR",
-        ExitStatus.NOT_FOUND,
-    )
+    raise BINARY_NOT_FOUND.error(ExitStatus.NOT_FOUND, name=name, places=", ".join(str(p) for _, p in places))

@@ -1,7 +1,8 @@
 """safe-llama's own lines in a log: what a launch said on stderr around llama.cpp's output (its plan, a
 retry, the line it exited with), in any of its formats (text, the journal's `<N>` prefix, journalctl's
-`unit[pid]: `, JSON records). Owns telling them from llama.cpp's lines and the table that names them
-(configs/own-lines.toml: which exit code each line ends safe-llama with, which is a retry, and its words).
+`unit[pid]: `, JSON records). Owns telling them from llama.cpp's lines and naming them: by the patterns
+built from their templates (safe_llama/messages.py's LINES), with configs/own-lines.toml's entry of each id
+(which exit code the line ends safe-llama with, which is a retry, and its words).
 Pure but for loading the table; must not decide what to advise (commands/explain does) or plan.
 """
 
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.messages import LINES, PREFIX
 
 Kind = Literal["exit", "retry"]
 KINDS: tuple[str, ...] = get_args(Kind)
 WORDS = ("what", "why", "fix")
 
 # "safe-llama: " at the start of a line, after the journal's priority (<3>) or journalctl's "unit[pid]: "
-_PREFIX = re.compile(r"^(?:<\d>|\S+\[\d+\]: )?safe-llama: (?P<text>.*)$")
+_PREFIX = re.compile(rf"^(?:<\d>|\S+\[\d+\]: )?{re.escape(PREFIX)}(?P<text>.*)$")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class OwnPattern:
     kind: Kind
     exit: int | None  # the code safe-llama leaves with after this line (kind exit)
     pattern: re.Pattern[str]
-    words: Mapping[str, str] = field(default_factory=dict)  # what, why, fix: {group} placeholders
+    words: Mapping[str, str] = field(default_factory=dict)  # what, why, fix: {field} placeholders
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,15 @@ def own_text(line: str) -> str | None:
     return found.group("text") if found is not None else None
 
 
-def _entry(raw: Any, where: str) -> OwnPattern:
-    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not isinstance(raw.get("regex"), str):
-        raise SafeLlamaError(f"safe-llama: {where}: each [[line]] needs an id and a regex", ExitStatus.BAD_CONFIG)
+def _entry(raw: Any, where: str) -> tuple[str, Kind, int | None, dict[str, str]]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        raise SafeLlamaError(f"safe-llama: {where}: each [[line]] needs an id", ExitStatus.BAD_CONFIG)
     where = f"{where}: line '{raw['id']}'"
-    unknown = set(raw) - {"id", "kind", "exit", "regex", "source", *WORDS}
+    if raw["id"] not in {line.id for line in LINES}:
+        raise SafeLlamaError(
+            f"safe-llama: {where}: not one of safe-llama's own lines (safe_llama/messages.py)", ExitStatus.BAD_CONFIG
+        )
+    unknown = set(raw) - {"id", "kind", "exit", *WORDS}
     if unknown:
         raise SafeLlamaError(f"safe-llama: {where}: unknown key(s) {', '.join(sorted(unknown))}", ExitStatus.BAD_CONFIG)
     kind, code = raw.get("kind", "exit"), raw.get("exit")
@@ -85,21 +91,26 @@ def _entry(raw: Any, where: str) -> OwnPattern:
         )
     if code is not None and code not in {int(s) for s in ExitStatus}:
         raise SafeLlamaError(f"safe-llama: {where}: exit {code} is not one of safe-llama's", ExitStatus.BAD_CONFIG)
-    try:
-        pattern = re.compile(raw["regex"])
-    except re.error as err:
-        raise SafeLlamaError(f"safe-llama: {where}: bad regex: {err}", ExitStatus.BAD_CONFIG) from None
     words = {k: raw[k] for k in WORDS if k in raw}
     if any(not isinstance(v, str) for v in words.values()):
         raise SafeLlamaError(f"safe-llama: {where}: what, why and fix must be text", ExitStatus.BAD_CONFIG)
-    return OwnPattern(raw["id"], kind, code, pattern, words)
+    return raw["id"], kind, code, words
 
 
 def parse_own_table(raw: Mapping[str, Any], where: str) -> OwnTable:
+    """The lines of safe_llama/messages.py in its order, each with its entry's kind, exit and words; a line
+    without an entry is not named."""
     entries = raw.get("line", [])
     if not isinstance(entries, list):
         raise SafeLlamaError(f"safe-llama: {where}: 'line' must be an array of tables", ExitStatus.BAD_CONFIG)
-    return OwnTable(tuple(_entry(e, where) for e in entries))
+    said = {entry[0]: entry for entry in (_entry(e, where) for e in entries)}
+    return OwnTable(
+        tuple(
+            OwnPattern(line.id, said[line.id][1], said[line.id][2], line.pattern, said[line.id][3])
+            for line in LINES
+            if line.id in said
+        )
+    )
 
 
 def load_own_table(path: Path) -> OwnTable:

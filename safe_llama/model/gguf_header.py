@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import NoReturn, TypeAlias
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.messages import MODEL_PROBLEM, PREFIX
 from safe_llama.model.gguf_constants import constants
 
 GGUF_MAGIC = b"GGUF"
@@ -104,7 +105,7 @@ class GGUFError(SafeLlamaError):
     """A GGUF file that cannot be used: one line naming the file and the problem."""
 
     def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"safe-llama: {printable(path)}: {problem}", ExitStatus.BAD_MODEL)
+        super().__init__(PREFIX + MODEL_PROBLEM.text(path=printable(path), problem=problem), ExitStatus.BAD_MODEL)
         self.path = path
         self.problem = problem
 

@@ -15,7 +15,8 @@ from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline import memory_flags
 from safe_llama.cmdline.memory_flags import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Layout, LlamaSettings
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.errors import ExitStatus
+from safe_llama.messages import NOTHING_FITS
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
 from safe_llama.plan.allocation_words import describe
@@ -103,10 +104,11 @@ def plan(
     allocs = inputs.allocations(state.settings)
     state = _split(inputs, state, allocs)
     if not all(a.fits for a in allocs):
-        raise SafeLlamaError(
-            f"safe-llama: nothing fits: even at -c {state.settings.kv.n_ctx or inputs.asked_ctx} with "
-            f"{state.settings.kv.type_k} KV, {describe(worst(allocs))}",
+        raise NOTHING_FITS.error(
             ExitStatus.NOTHING_FITS,
+            ctx=state.settings.kv.n_ctx or inputs.asked_ctx,
+            type=state.settings.kv.type_k,
+            detail=describe(worst(allocs)),
         )
     state = _fit_off(inputs, state, user_fit_set)
     served = _serving_step(facts, state.settings, target, policy, allocs)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.messages import AFTER_FAILED_STARTS, NO_ATTEMPTS_LEFT, NO_SMALLER_PLAN, RETRY, RETRY_WORKER
 from safe_llama.plan.target import Lessons, RemoteDevice
 from safe_llama.run import retry
 from safe_llama.units import human
@@ -127,7 +128,7 @@ class AttemptLoop:
             if number == 1:
                 raise prepared.error
             raise SafeLlamaError(
-                f"{prepared.error.message} (after {number - 1} failed start(s))", ExitStatus.RETRIES_EXHAUSTED
+                AFTER_FAILED_STARTS.text(error=prepared.error.message, failed=number - 1), ExitStatus.RETRIES_EXHAUSTED
             )
         else:
             if not (self._said and number == 1):
@@ -136,12 +137,8 @@ class AttemptLoop:
             kv_now = retry.planned_footprint(prepared)
         last, give_up = self._last_kv, None
         if last is not None and kv_now is not None and all(n >= b for n, b in zip(kv_now, last, strict=True)):
-            give_up = SafeLlamaError(
-                f"safe-llama: no plan smaller than the one that failed ({human(last[2])} of KV, "
-                f"{human(last[1])} of it on the device, {human(last[0])} on the device in all); "
-                f"giving up after {number - 1} attempt(s)",
-                ExitStatus.RETRIES_EXHAUSTED,
-            )
+            kv = f"{human(last[2])} of KV, {human(last[1])} of it on the device, {human(last[0])} on the device in all"
+            give_up = NO_SMALLER_PLAN.error(ExitStatus.RETRIES_EXHAUSTED, kv=kv, attempts=number - 1)
         self._kv_now = kv_now
         return Start(number, argv, extra, prepared is not None and self.planned(), lines, give_up)
 
@@ -162,7 +159,7 @@ class AttemptLoop:
         if self.number >= self._attempts:
             return Exit(
                 int(ExitStatus.RETRIES_EXHAUSTED),
-                ((f"attempt {self.number} failed: {what}; no attempts left", "error"),),
+                ((NO_ATTEMPTS_LEFT.text(attempt=self.number, failure=what), "error"),),
             )
         named = endpoint_of(failure.buffer)
         if (failure.stage == "worker" or named is not None) and prepared.plan is not None and prepared.target.remote:
@@ -193,9 +190,13 @@ class AttemptLoop:
         held = self._held[worker.name]
         self.lessons, cap = retry.with_worker_cap(self.lessons, worker.endpoint, held)
         self._due, self._after_lesson, self._last_kv = True, False, None
-        line = (
-            f"attempt {self.number} failed: RPC worker {worker.label} {how}, with {human(held)} planned there "
-            f"({failure.line or failure.kind}); retrying with at most {human(cap)} on it"
+        line = RETRY_WORKER.text(
+            attempt=self.number,
+            worker=worker.label,
+            how=how,
+            held=human(held),
+            failure=failure.line or failure.kind,
+            cap=human(cap),
         )
         return Retry(((line, "warning"),), wait_for=worker if seen else None)
 
@@ -217,7 +218,7 @@ class AttemptLoop:
             )
         self.lessons = lesson.lessons
         self._due, self._after_lesson, self._last_kv = True, True, self._kv_now
-        line = f"attempt {self.number} failed: {what}; retrying: {lesson.reason}"
+        line = RETRY.text(attempt=self.number, failure=what, reason=lesson.reason)
         return Retry(((line, "warning"),), read_free_again=True)
 
     def _stepped(self, prepared: Prepared) -> tuple[bool, int | None]:

