@@ -86,3 +86,26 @@ def test_the_layout_section_names_every_module_and_only_real_files() -> None:
     )
     wrong = [p for p in sorted(paths) if not any((ROOT / base / p).exists() for base in ("", "safe_llama"))]
     assert wrong == []
+
+
+def test_the_package_listing_names_each_module_in_its_own_package() -> None:
+    """The listing of packages in the layout section: each package's entry names exactly the modules that are in
+    it (a module moved to another package, or a package added, shows here)."""
+    section = _layout_section()
+    listing = section[section.index("\nleaves ") + 1 : section.index("\n```", section.index("\nleaves "))]
+    entries: dict[str, str] = {}
+    name = ""
+    for line in listing.splitlines():
+        if not line.startswith(" "):
+            name, _, line = line.partition(" ")
+        entries[name] = entries.get(name, "") + " " + line
+    package = ROOT / "safe_llama"
+    packages = sorted(p.name for p in package.iterdir() if (p / "__init__.py").is_file())
+    assert sorted(n.rstrip("/") for n in entries if n.endswith("/")) == packages
+    for pkg in packages:
+        words = set(re.findall(r"[a-z_0-9]+", entries[pkg + "/"]))
+        modules = {p.stem for p in (package / pkg).glob("*.py") if p.name != "__init__.py"}
+        assert modules <= words, (pkg, sorted(modules - words))
+    top = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    leaves_and_doors = set(re.findall(r"[a-z_0-9]+", entries["leaves"] + entries["doors"]))
+    assert top <= leaves_and_doors, sorted(top - leaves_and_doors)
