@@ -89,7 +89,7 @@ def test_the_layout_section_names_every_module_and_only_real_files() -> None:
 
 
 def test_the_package_listing_names_each_module_in_its_own_package() -> None:
-    """The listing of packages in the layout section: each package's entry names exactly the modules that are in
+    """The listing of packages in the layout section: each package's entry names every module that is in
     it (a module moved to another package, or a package added, shows here)."""
     section = _layout_section()
     listing = section[section.index("\nleaves ") + 1 : section.index("\n```", section.index("\nleaves "))]
