@@ -10,7 +10,8 @@ FAKE_ALWAYS_FAIL=1: fail every start with a CPU allocation error that names no l
 FAKE_HOST_LIMIT=N: a KV above N bytes fails as ggml_init does under RLIMIT_AS: its generic-looking
   GGML_ASSERT(ctx->mem_buffer != NULL) first, the `insufficient memory` line after it, then abort.
 FAKE_HANG=1: never become ready (a hung start-up), writing its pid to FAKE_PID_FILE.
-FAKE_TOOL=server: once started, log llama-server's `model loaded` and serve until SIGTERM/SIGINT.
+FAKE_TOOL=server: once started, log llama-server's `model loaded` and serve until SIGTERM/SIGINT (or for
+  FAKE_SERVE_SECONDS, 60 by default, then exit 0).
 Installed into a test's bin/ as llama-completion (and llama-server), started through a tiny shell shim.
 """
 
@@ -67,7 +68,7 @@ def _serve() -> int:
         signal.signal(signo, lambda s, f: done.append(s))
     sys.stderr.write("0.00.900.000 I srv  llama_server: model loaded\n")
     sys.stderr.flush()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + float(os.environ.get("FAKE_SERVE_SECONDS", "60"))
     while not done and time.monotonic() < deadline:
         time.sleep(0.02)
     return 0

@@ -307,7 +307,7 @@ def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]
     env = {**env, "LLAMA_API_KEY": "env-secret-1", "HF_TOKEN": "env-secret-2", "FAKE_TOOL": "server"}
     args = ["-m", str(model), "-c", "65536", "--api-key", "argv-secret-3", "--port", "1"]
     shown = _run(["plan", "--json", "server", *args], env)
-    launched = _run(["server", *args], env)
+    launched = _run(["server", *args], {**env, "FAKE_SERVE_SECONDS": "1"})  # what it says starting up is enough
     # a completion that becomes ready writes a launch record; the second starts from it
     completion = ["completion", "-m", str(model), "-c", "4096", "-p", "Once", "-n", "8", "-hft", "argv-secret-4"]
     done = [_run(completion, {**env, "FAKE_TOOL": "completion"}) for _ in range(2)]
