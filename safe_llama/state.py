@@ -27,7 +27,7 @@ def trusted_folder(folder: Path, doing: str) -> bool:
     """folder may be read or written (trust.problem); otherwise one warning, once, names it and why."""
     untrusted = trust.problem(folder)
     if untrusted is not None:
-        trust.say_once(f"not {doing} {folder}: {untrusted}", key=untrusted)
+        trust.say_once(f"not using {folder}: {untrusted}", key=untrusted)
     return untrusted is None
 
 

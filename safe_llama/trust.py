@@ -190,7 +190,7 @@ def load_entry(path: str, shape: Mapping[str, type | tuple[type, ...]]) -> dict[
         return data
     folder = os.path.dirname(os.path.abspath(path))
     if problem(folder) is not None:
-        say_once(f"not reading {folder}: {wrong}", key=wrong)
+        say_once(f"not using {folder}: {wrong}", key=wrong)
     elif wrong.startswith(("not a marshal", "the entry's shape")):
         drop_bad(path, wrong)
     else:

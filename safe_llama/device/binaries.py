@@ -77,5 +77,5 @@ def locate_binary(
             untrusted = trust.problem(pinned)
             if untrusted is None:
                 return pinned, f"the pinned build in {where}"
-            trust.say_once(f"not running {pinned} (the pinned build in {where}): {untrusted}", key=untrusted)
+            trust.say_once(f"not running {pinned} (the pinned build in {where}): {untrusted}")
     raise BINARY_NOT_FOUND.error(ExitStatus.NOT_FOUND, name=name, places=", ".join(str(p) for _, p in places))
