@@ -72,8 +72,9 @@ def test_a_planted_parsed_config_is_not_read(base: Path, how: str) -> None:
     assert "not using" in done.stderr and str(base) in done.stderr
 
 
-def test_an_unusable_cache_is_not_read_either(base: Path) -> None:
+def test_an_unusable_cache_is_not_read_either(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """check_cache's "not usable" turned writes off but reads went on: now the reads stop too."""
+    monkeypatch.setattr(state, "_writes_off", [])  # this process's switch, not the next test's
     xdg, planted = _layout(base, "0777 folder")
     (planted / "plans").mkdir(parents=True)
     (planted / "plans" / "x.json").write_text('{"a": 1}')
