@@ -51,7 +51,7 @@ def _walk(path: str, uid: int) -> tuple[str | None, bool]:
             continue
         try:
             st = os.lstat(current)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # what cannot be made there fails where it is made
             return None, False
         except OSError as err:
             return f"{current} cannot be checked ({err.strerror})", True
