@@ -9,7 +9,8 @@ Two places can hold the pinned llama.cpp build and the bundled model:
 - the system-wide prefix (/opt/safe-llama, or SAFE_LLAMA_PREFIX), written when scripts/setup.sh runs as
   root, readable by every user and by the systemd service's dynamic user;
 - the user's cache (${XDG_CACHE_HOME:-~/.cache}/safe-llama), written when a normal user runs the set-up.
-A build or model in the user's cache wins; otherwise the system-wide one is used.
+A build or model in the user's cache wins; otherwise the system-wide one is used. A build in a place
+someone else can write (trust.problem) is not chosen.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from safe_llama import constants
+from safe_llama import constants, trust
 
 LLAMA_CPP_PINNED = "11434.0.0"
 SYSTEM_PREFIX = "/opt/safe-llama"
@@ -67,7 +68,7 @@ def pinned_bin_dir(flavour: str, env: Mapping[str, str]) -> Path:
     """The pinned build of a flavour (cpu, openvino): the first place that has a finished build, else the
     place a build by this user would go (root: system-wide; others: their cache)."""
     for _, path in pinned_bin_dirs(flavour, env):
-        if (path.parent / ".complete").is_file():
+        if (path.parent / ".complete").is_file() and trust.problem(path) is None:
             return path
     return pinned_home(flavour, env)
 

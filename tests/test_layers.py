@@ -16,7 +16,7 @@ LAYERS = {
     "leaf": 0, "model": 1, "cmdline": 2, "backends": 3, "device": 4, "plan": 5, "diagnosis": 6, "pipeline": 7,
     "run": 8, "commands": 9, "door": 10,
 }  # fmt: skip
-LEAVES = {"errors", "units", "constants", "paths", "state", "messages", "__init__"}
+LEAVES = {"errors", "units", "constants", "paths", "state", "trust", "messages", "__init__"}
 DOORS = {"entry", "cli", "__main__"}
 
 

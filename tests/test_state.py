@@ -98,7 +98,10 @@ def test_toml_is_read_once_then_from_the_cache(tmp_path: Path) -> None:
     assert load_toml(config, keep_in) == {"planner": {"ctx_floor": 8192}}
     cached = list((tmp_path / "cache" / "safe-llama" / "toml").glob("*.json"))
     assert len(cached) == 1
-    cached[0].write_text('{"planner": {"ctx_floor": 1}}')  # proof that the next read is the cache's
+    entry = json.loads(cached[0].read_text())
+    entry["data"] = {"planner": {"ctx_floor": 1}}  # proof that the next read is the cache's
+    entry["sum"] = state._toml_sum(entry["data"])
+    cached[0].write_text(json.dumps(entry))
     assert load_toml(config, keep_in) == {"planner": {"ctx_floor": 1}}
     assert load_toml(config) == {"planner": {"ctx_floor": 8192}}  # no cache: the file itself
     config.write_text("[planner]\nctx_floor = 16384\n")  # a change (size, mtime) is a new key

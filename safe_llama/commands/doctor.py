@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
+from safe_llama import trust
 from safe_llama.cmdline.own_options import flag
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.binaries import locate_binary
@@ -38,6 +39,7 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir, configs_dir, pinned_bin_dir
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Probed, kv_splits
+from safe_llama.state import check_entries
 from safe_llama.units import human
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -97,6 +99,7 @@ class Directory:
     mode: int | None  # st_mode, file type bits included
     owned: bool
     note: str = ""  # e.g. a relative XDG variable that was ignored
+    untrusted: str = ""  # trust.problem: a component someone else owns or can write (then it is not used)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class Machine:
     directories: tuple[Directory, ...]
     config_problems: tuple[str, ...]
     policy: Policy | None
+    bad_entries: tuple[str, ...] = ()  # state.check_entries: a cache entry of a wrong shape, one line each
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,9 @@ def check_directories(m: Machine) -> Check:
         details.append(f"{d.role}: {d.path} {state}" + (f"; {d.note}" if d.note else ""))
         if d.note:
             warnings.append(d.note)
-        if d.symlink:
+        if d.untrusted:
+            problems.append(f"{d.path} is not used: {d.untrusted}")
+        elif d.symlink:
             problems.append(f"{d.path} is a symlink: safe-llama never writes through one")
         elif d.exists and not d.is_dir:
             problems.append(f"{d.path} is not a directory")
@@ -372,6 +378,8 @@ def check_directories(m: Machine) -> Check:
             problems.append(f"{d.path} belongs to another user")
     details += [f"config: {p}" for p in m.config_problems]
     problems += list(m.config_problems)
+    details += [f"cache entry: {p}" for p in m.bad_entries]
+    problems += [f"a bad cache entry: {p}" for p in m.bad_entries]
     if problems:
         return Check("directories", title, "fail", problems[0], tuple(details), _dir_fix(problems[0]))
     if warnings:
@@ -380,6 +388,13 @@ def check_directories(m: Machine) -> Check:
 
 
 def _dir_fix(problem: str) -> str:
+    if "bad cache entry" in problem:
+        return "safe-llama forget (it clears every kind of cache entry; a launch also removes a bad one it meets)"
+    if " is not used: " in problem:
+        return (
+            "make every folder on the path yours (or root's) and writable by no one else, "
+            "or point XDG_CACHE_HOME / XDG_CONFIG_HOME at a private folder"
+        )
     if "symlink" in problem or "not a directory" in problem:
         return "move it away; safe-llama recreates the directory"
     if "another user" in problem or "not writable" in problem:
@@ -543,6 +558,7 @@ def _directory(role: str, path: Path, variable: str, env: Mapping[str, str], uid
         mode=st.st_mode,
         owned=st.st_uid == uid,
         note=note,
+        untrusted=trust.problem(path) or "",
     )
 
 
@@ -639,6 +655,7 @@ def probe_machine(
         ),
         config_problems=problems,
         policy=policy,
+        bad_entries=tuple(check_entries(cache_dir(env))),
     )
 
 

@@ -1,8 +1,9 @@
 """Finding the real llama.cpp binary for a tool, never safe-llama itself.
 
 Owns the search order: an explicit path or directory, SAFE_LLAMA_BIN_DIR, the config's bin_dir, PATH,
-then the pinned build (the user's cache, then the system-wide install). Takes PATH and env as values;
-only stats files.
+then the pinned build (the user's cache, then the system-wide install), used only from a trusted place
+(trust.problem: every component root's or the user's, none writable by others; a place the user named is
+theirs to choose). Takes PATH and env as values; only stats files.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from safe_llama import trust
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.self_check import is_self as _is_self
 from safe_llama.device.self_check import own_paths
@@ -72,5 +74,8 @@ def locate_binary(
     for where, folder in places:
         pinned = folder / name
         if pinned.is_file() and os.access(pinned, os.X_OK):
-            return pinned, f"the pinned build in {where}"
+            untrusted = trust.problem(pinned)
+            if untrusted is None:
+                return pinned, f"the pinned build in {where}"
+            trust.say_once(f"not running {pinned} (the pinned build in {where}): {untrusted}")
     raise BINARY_NOT_FOUND.error(ExitStatus.NOT_FOUND, name=name, places=", ".join(str(p) for _, p in places))
