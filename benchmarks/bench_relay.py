@@ -23,8 +23,8 @@ CAT = shutil.which("cat") or "/bin/cat"  # the relayed program, by its path (spa
 DRIVER = """
 import os, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.readiness import GenerationProbe
-from safe_llama.run.supervise import SignatureWatcher, supervise_child
+from safe_llama.process.readiness import GenerationProbe
+from safe_llama.process.supervise import SignatureWatcher, supervise_child
 probe = GenerationProbe() if sys.argv[1] == "ready" else None
 outcome = supervise_child(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)
 status = open("/proc/self/status").read().splitlines()

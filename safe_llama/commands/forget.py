@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from safe_llama.run import remember
+from safe_llama.remembered import remember
 
 
 def main(settings: Mapping[str, str], words: list[str]) -> int:
