@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from safe_llama.process.fork_exec import Started
     from safe_llama.process.readiness import ReadinessProbe
     from safe_llama.process.relay import Stream
-    from safe_llama.process.supervise import Outcome
+    from safe_llama.process.startup import Outcome
     from safe_llama.remembered.fast_record import Recorder
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
@@ -61,6 +61,7 @@ def run_attempt(
     an early start already runs (remembered/early.py), adopted instead of spawned."""
     from safe_llama.process import supervise
     from safe_llama.process.readiness import HealthProbe, probe_for
+    from safe_llama.process.startup import StartupWatcher
 
     notifier = shared.notifier
     notifier.status(status)
@@ -74,7 +75,7 @@ def run_attempt(
     outcome = supervise.supervise_child(
         argv,
         env,
-        watcher=supervise.SignatureWatcher(shared.table, on_ready),
+        watcher=StartupWatcher(shared.table, on_ready),
         probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=started,
     )

@@ -22,7 +22,7 @@ from safe_llama.units import human
 if TYPE_CHECKING:
     from safe_llama.diagnosis.signatures import Failure
     from safe_llama.pipeline.prepare import Prepared
-    from safe_llama.process.supervise import Outcome
+    from safe_llama.process.startup import Outcome
 
 Replan = Callable[["Prepared", Lessons], "Prepared"]  # the plan again with these lessons (pipeline.replan)
 Line = tuple[str, str]  # (message, level) to say

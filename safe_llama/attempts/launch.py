@@ -27,7 +27,7 @@ from safe_llama.units import human
 if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
     from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.plan.target import Lessons
-    from safe_llama.process.supervise import Outcome
+    from safe_llama.process.startup import Outcome
     from safe_llama.remembered.early import Early
     from safe_llama.remembered.fast_record import Recorder
 
@@ -76,11 +76,12 @@ def run_attempts(
     from safe_llama.diagnosis.signatures import load_table
     from safe_llama.pipeline.prepare import free_again, replan
     from safe_llama.plan.target import Lessons
-    from safe_llama.process import supervise, workers
+    from safe_llama.process import workers
+    from safe_llama.process.channels import check_not_nested
 
     raw_env = recorder.raw if recorder is not None else env
     say = Say(raw_env)
-    supervise.check_not_nested(env)
+    check_not_nested(env)
     unusable = check_cache(cache_dir(env))
     if unusable is not None:
         options = replace(options, remember=False)

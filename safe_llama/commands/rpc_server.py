@@ -17,30 +17,12 @@ from safe_llama.attempts.say import Say
 from safe_llama.cmdline.rpc_args import parse_rpc_args
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.probe_host import probe_host
-from safe_llama.diagnosis.signatures import Failure
 from safe_llama.process import supervise
+from safe_llama.process.channels import check_not_nested
 from safe_llama.process.readiness import ListenProbe
-from safe_llama.process.relay import Stream
 from safe_llama.process.sdnotify import Notifier, child_env
+from safe_llama.process.startup import StartupWatcher
 from safe_llama.units import human
-
-
-class _Ready:
-    """Watches nothing in the output (the worker's failures are its own messages and exit code); tells systemd
-    once the port listens."""
-
-    def __init__(self, notifier: Notifier, where: str) -> None:
-        self._notifier = notifier
-        self._where = where
-
-    def output(self, stream: Stream, data: bytes) -> supervise.Verdict:
-        return supervise.Verdict.CONTINUE
-
-    def ready(self) -> None:
-        self._notifier.ready(f"listening on {self._where}")
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        return None
 
 
 def memory_note(advertised: int, limit: int | None, limit_name: str, endpoint: str = "HOST:PORT") -> str | None:
@@ -55,7 +37,7 @@ def memory_note(advertised: int, limit: int | None, limit_name: str, endpoint: s
 
 
 def run_rpc_server(args: Sequence[str], env: Mapping[str, str] = os.environ) -> int:
-    supervise.check_not_nested(env)
+    check_not_nested(env)
     binary = find_binary("rpc-server", env=env)
     parsed = parse_rpc_args(args)
     if parsed.help or parsed.port is None:
@@ -71,9 +53,13 @@ def run_rpc_server(args: Sequence[str], env: Mapping[str, str] = os.environ) -> 
         if note:
             say(note, "warning")
     notifier = Notifier(env)
+
+    def listening() -> None:  # the worker's failures are its own messages and exit code: nothing is scanned
+        notifier.ready(f"listening on {where}")
+
     try:
         outcome = supervise.supervise_child(
-            [binary, *args], child_env(env), watcher=_Ready(notifier, where), probe=ListenProbe(parsed.port)
+            [binary, *args], child_env(env), watcher=StartupWatcher(None, listening), probe=ListenProbe(parsed.port)
         )
     finally:
         notifier.close()

@@ -1,7 +1,8 @@
 """Starting the llama.cpp child on pipes or on a pty of its own, and closing the channels to it.
 
 Owns the pty pair, the pipes, the relays' ends and what a failed exec means (127 not found, 126 not
-executable); the fork and the child's set-up are fork_exec.py's. Must not wait for, signal or watch the
+executable), and the refusal to start when a PATH shim led back to safe-llama; the fork and the child's
+set-up are fork_exec.py's. Must not wait for, signal or watch the
 child: the loop in supervise.py does.
 """
 
@@ -12,7 +13,9 @@ import errno
 import fcntl
 import os
 import termios
+from collections.abc import Mapping
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.process import fork_exec
 from safe_llama.process.fork_exec import Proc, Started
@@ -24,6 +27,17 @@ def spawn_error(binary: str, err: OSError) -> SafeLlamaError:
         return SafeLlamaError(f"safe-llama: {binary}: not found", ExitStatus.NOT_FOUND)
     reason = "not executable" if err.errno in (errno.EACCES, errno.EPERM) else (err.strerror or str(err))
     return SafeLlamaError(f"safe-llama: {binary}: cannot execute: {reason}", ExitStatus.NOT_EXECUTABLE)
+
+
+def check_not_nested(env: Mapping[str, str]) -> None:
+    """Refuse to run when a safe-llama started this process as its llama.cpp: a PATH shim script that runs
+    safe-llama again (binaries.py compares real paths, which a script passes)."""
+    if GUARD_ENV in env:
+        raise SafeLlamaError(
+            f"safe-llama: started by safe-llama (pid {env[GUARD_ENV]}) in place of llama.cpp: "
+            "a llama.cpp name on PATH leads back to safe-llama",
+            ExitStatus.NOT_FOUND,
+        )
 
 
 class Child:

@@ -1,11 +1,12 @@
 """Launching and supervising one llama.cpp child: the loop that relays its bytes, forwards its signals and
-watches its start-up, and how the run ended.
+watches its start-up until it ends.
 
 Owns the child's life from spawn to reap: when to read and write (relay.py moves the bytes), when to
 forward, stop or suspend (signals.py says what a signal is), when start-up is over (readiness.py) and
-whether it failed (the watcher); channels.py starts the child. supervise_child() is the one way llama.cpp is
-started for real work. Must not decide policy (what a line means is signatures.py's, whether to retry is the
-caller's) and must never alter, delay or hold back a byte the child writes.
+whether it failed (startup.py's watcher; the Outcome is startup.py's too); channels.py starts the child.
+supervise_child() is the one way llama.cpp is started for real work. Must not decide policy (what a line means
+is signatures.py's, whether to retry is the caller's) and must never alter, delay or hold back a byte the
+child writes.
 
 Built on the standard library (subprocess, pty/termios, poll, a signalfd through ctypes) rather than
 pexpect/ptyprocess: those fork a pty child only (no separate stdout/stderr pipes), cannot set
@@ -26,7 +27,6 @@ signal queue, the drain after exit) whose states share fields; the stateless par
 from __future__ import annotations
 
 import contextlib
-import enum
 import fcntl
 import os
 import select
@@ -34,13 +34,10 @@ import signal
 import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from safe_llama.constants import GUARD_ENV
 from safe_llama.device.probe_host import oom_counters, oom_evidence
-from safe_llama.diagnosis.signatures import Failure, Match, Scanner, SignatureTable, classify
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.diagnosis.signatures import Failure
 from safe_llama.process.channels import Child
 from safe_llama.process.fork_exec import Started, block_watched, forwardable, terminal_foreground
 from safe_llama.process.readiness import ProbeThread, ReadinessProbe
@@ -54,107 +51,7 @@ from safe_llama.process.signals import (
     is_stopped,
     signal_keys,
 )
-
-
-class Verdict(enum.Enum):
-    CONTINUE = "continue"
-    STOP_FAILED = "stop_failed"  # an allocation failure was printed: stop the child, report a failure
-
-
-class Watcher(Protocol):
-    """Sees the child's output during start-up. Called with every chunk, after it was passed on."""
-
-    def output(self, stream: Stream, data: bytes) -> Verdict: ...
-
-    def ready(self) -> None:
-        """Start-up is over: output() will not be called again."""
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        """The child ended before readiness (returncode None: we stopped it): what failed, if anything.
-        oom_evidence: the memory counter that rose while it ran, if one did."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one child run ended, and what the wrapper should do about it."""
-
-    exit_code: int  # what the wrapper should exit with: the child's N, or 128+N for death by signal N
-    returncode: int  # subprocess's convention: N, or -N for death by signal N
-    ready: bool  # start-up finished (after that nothing was scanned, nothing may be retried)
-    failure: Failure | None  # why start-up failed; None if ready, clean, or stopped by the user
-    stopped_by_us: bool  # we signalled the child because of a STOP_FAILED verdict
-    user_stop_signal: int | None  # SIGTERM/SIGHUP/SIGINT/SIGQUIT the user sent: never retry
-    signals_forwarded: tuple[int, ...]  # every signal passed on to the child, in order
-    pid: int
-    used_pty: bool
-    # killed by SIGKILL after it was ready while a memory counter rose (the OOM killer): the counter, in words
-    killed_for_memory: str | None = None
-
-    @property
-    def retry(self) -> bool:
-        """The one question of the retry loop: did start-up fail for lack of memory?"""
-        return self.failure is not None and self.failure.memory and self.user_stop_signal is None
-
-
-def exit_code_for(returncode: int) -> int:
-    """tini/dumb-init semantics: exit(N) gives N, death by signal N gives 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-# ---------------------------------------------------------------------------------------------------
-# The watcher
-# ---------------------------------------------------------------------------------------------------
-
-
-class SignatureWatcher:
-    """Scans start-up output for error signatures (one line scanner per stream), and calls on_ready (the
-    attempt's ready actions) once start-up is over.
-
-    Answers STOP_FAILED at the first allocation failure: the child may go on running after one (the
-    OpenVINO GPU plugin does) and then cannot serve.
-    """
-
-    def __init__(self, table: SignatureTable, on_ready: Callable[[], None] | None = None) -> None:
-        self._table = table
-        self._on_ready = on_ready
-        self._scanners: dict[Stream, Scanner] = {}
-        self.matches: list[Match] = []
-
-    def output(self, stream: Stream, data: bytes) -> Verdict:
-        scanner = self._scanners.get(stream)
-        if scanner is None:
-            scanner = self._scanners[stream] = Scanner(self._table)
-        found = scanner.feed(data)
-        self.matches.extend(found)
-        return Verdict.STOP_FAILED if any(m.category == "alloc" for m in found) else Verdict.CONTINUE
-
-    def ready(self) -> None:
-        self._scanners.clear()
-        if self._on_ready is not None:
-            self._on_ready()
-
-    def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
-        for scanner in self._scanners.values():
-            self.matches.extend(scanner.close())
-        self._scanners.clear()
-        return classify(self.matches, returncode, oom_evidence=oom_evidence)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Never finding ourselves as the llama.cpp binary (binaries.py compares real paths; this catches a
-# PATH shim script that runs safe-llama again)
-# ---------------------------------------------------------------------------------------------------
-
-
-def check_not_nested(env: Mapping[str, str]) -> None:
-    """Refuse to run when a safe-llama started this process as its llama.cpp (a PATH shim script)."""
-    if GUARD_ENV in env:
-        raise SafeLlamaError(
-            f"safe-llama: started by safe-llama (pid {env[GUARD_ENV]}) in place of llama.cpp: "
-            "a llama.cpp name on PATH leads back to safe-llama",
-            ExitStatus.NOT_FOUND,
-        )
-
+from safe_llama.process.startup import Outcome, StartupWatcher, Verdict, exit_code_for
 
 # ---------------------------------------------------------------------------------------------------
 # supervise_child()
@@ -165,7 +62,7 @@ class _Supervisor:
     def __init__(
         self,
         child: Child,
-        watcher: Watcher,
+        watcher: StartupWatcher,
         probe: ReadinessProbe | None,
         stop_grace: float,
         kill_after: float,
@@ -482,7 +379,7 @@ def supervise_child(
     argv: Sequence[str | os.PathLike[str]],
     env: Mapping[str, str],
     *,
-    watcher: Watcher,
+    watcher: StartupWatcher,
     probe: ReadinessProbe | None = None,
     use_pty: bool | None = None,
     stdin_fd: int = 0,

@@ -16,7 +16,7 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.pipeline.options import launch_options
 from safe_llama.pipeline.prepare import Prepared, prepare, replan
 from safe_llama.plan.target import Lessons
-from safe_llama.process.supervise import Outcome
+from safe_llama.process.startup import Outcome
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 THREAD = Failure(kind="alloc", memory=True, signature_id="thread-create", line="libgomp: no stack", stage="thread")

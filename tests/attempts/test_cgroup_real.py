@@ -113,9 +113,10 @@ def test_oom_kill_during_start_up_is_retried(
 _DRIVER = """
 import json, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.process.supervise import SignatureWatcher, supervise_child
+from safe_llama.process.startup import StartupWatcher
+from safe_llama.process.supervise import supervise_child
 outcome = supervise_child(
-    sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=SignatureWatcher(load_table()), use_pty=False
+    sys.argv[1:], {"PATH": "/usr/bin:/bin"}, watcher=StartupWatcher(load_table()), use_pty=False
 )
 print(json.dumps({"returncode": outcome.returncode, "retry": outcome.retry,
                   "kind": outcome.failure.kind if outcome.failure else None,

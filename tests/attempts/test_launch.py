@@ -519,7 +519,7 @@ def test_an_early_start_killed_for_memory_once_ready_drops_its_record(
     plans); a clean end keeps it. The attempt itself is stubbed: only what adopted() does with its outcome."""
     from safe_llama.attempts import launch
     from safe_llama.process import fork_exec
-    from safe_llama.process.supervise import Outcome
+    from safe_llama.process.startup import Outcome
     from safe_llama.remembered import early
 
     record_file = tmp_path / "record.marshal"

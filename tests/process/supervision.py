@@ -31,10 +31,11 @@ import dataclasses, json, os, sys, termios
 from safe_llama.errors import SafeLlamaError
 from safe_llama.process.readiness import probe_for
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.process.supervise import SignatureWatcher, supervise_child
+from safe_llama.process.startup import StartupWatcher
+from safe_llama.process.supervise import supervise_child
 
 
-class RaisingWatcher(SignatureWatcher):
+class RaisingWatcher(StartupWatcher):
     def output(self, stream, data):
         raise RuntimeError("watcher failed")
 
@@ -50,7 +51,7 @@ if opts.get("stdin_null"):
     os.dup2(fd, 0)
     os.close(fd)
 tty_before = termios.tcgetattr(0) if os.isatty(0) else None
-watcher = (RaisingWatcher if opts.get("raise_in_watcher") else SignatureWatcher)(load_table())
+watcher = (RaisingWatcher if opts.get("raise_in_watcher") else StartupWatcher)(load_table())
 probe = probe_for(opts["probe"], argv, os.environ) if opts.get("probe") else None
 result = {}
 code = 0

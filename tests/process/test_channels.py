@@ -1,6 +1,6 @@
-"""run.spawn: what a failed exec means (the program named, 127 not found, 126 not executable), and the child
+"""process.channels: what a failed exec means (the program named, 127 not found, 126 not executable), and the child
 started on pipes (stdout and stderr apart, or one pipe for one file) or on a pty of its own, with tiny
-/bin/sh children; closing gives the terminal back as it was."""
+/bin/sh children; closing gives the terminal back as it was; no start where a PATH shim led back to safe-llama."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.constants import GUARD_ENV
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.process.channels import Child, spawn_error
+from safe_llama.process.channels import Child, check_not_nested, spawn_error
 from safe_llama.process.relay import Relay, Stream
 
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -167,3 +168,10 @@ def test_a_pty_child_with_a_terminal_for_stderr_has_one_relay() -> None:
     finally:
         os.close(user)
         os.close(tty)
+
+
+def test_check_not_nested() -> None:
+    check_not_nested({})
+    with pytest.raises(SafeLlamaError) as err:
+        check_not_nested({GUARD_ENV: "123"})
+    assert err.value.status == ExitStatus.NOT_FOUND and "123" in err.value.message

@@ -23,10 +23,6 @@ from pathlib import Path
 import pytest
 
 from safe_llama.constants import GUARD_ENV
-from safe_llama.diagnosis.signatures import load_table
-from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.process.relay import Stream
-from safe_llama.process.supervise import SignatureWatcher, Verdict, check_not_nested, exit_code_for
 from tests import FIXTURES
 from tests.process.supervision import (
     child_pid,
@@ -42,42 +38,6 @@ from tests.process.supervision import (
 LOGS = FIXTURES / "logs"
 OPENVINO_LINE = next(line for line in (LOGS / "openvino-seed.log").read_text().splitlines() if "[GPU] Exceeded" in line)
 BAD_MAGIC_LOG = (LOGS / "server-bad-magic.log").read_bytes().split(b"\n", 1)[1]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pure parts: exit codes, the watcher
-# ---------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("returncode", "code"), [(0, 0), (1, 1), (130, 130), (255, 255), (-9, 137), (-15, 143)])
-def test_exit_code_for(returncode: int, code: int) -> None:
-    assert exit_code_for(returncode) == code
-
-
-def test_signature_watcher_stops_at_an_allocation_failure() -> None:
-    watcher = SignatureWatcher(load_table())
-    assert watcher.output(Stream.STDERR, b"0.00.1.000 I load: loading\nE ggml_aligned_") is Verdict.CONTINUE
-    assert watcher.output(Stream.STDOUT, b"unrelated stdout\n") is Verdict.CONTINUE  # a separate line
-    assert (
-        watcher.output(Stream.STDERR, b"malloc: insufficient memory (attempted to allocate 1.00 MB)\n")
-        is Verdict.STOP_FAILED
-    )
-    failure = watcher.conclude(1)
-    assert failure is not None and failure.memory and failure.signature_id == "cpu-aligned-malloc"
-
-
-def test_signature_watcher_reads_the_last_line_without_newline() -> None:
-    watcher = SignatureWatcher(load_table())
-    assert watcher.output(Stream.STDERR, b"error: invalid argument: --x") is Verdict.CONTINUE
-    failure = watcher.conclude(1)
-    assert failure is not None and not failure.memory and failure.signature_id == "invalid-argument"
-
-
-def test_check_not_nested() -> None:
-    check_not_nested({})
-    with pytest.raises(SafeLlamaError) as err:
-        check_not_nested({GUARD_ENV: "123"})
-    assert err.value.status == ExitStatus.NOT_FOUND and "123" in err.value.message
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 
 from safe_llama.attempts import launch
 from safe_llama.process import supervise
-from safe_llama.process.supervise import Outcome
+from safe_llama.process.startup import Outcome
 from safe_llama.remembered import early, fast_record
 from tests import ROOT
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
