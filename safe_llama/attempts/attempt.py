@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from safe_llama.process.readiness import ReadinessProbe
     from safe_llama.process.relay import Stream
     from safe_llama.process.startup import Outcome
-    from safe_llama.remembered.fast_record import Recorder
+    from safe_llama.remembered.record_window import Recorder
 
 EXTEND_TIMEOUT = 30.0  # seconds systemd's start timeout is pushed out by, while llama.cpp loads
 EXTEND_EVERY = 10.0

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the planner's side is imported where used: an early start m
     from safe_llama.plan.target import Lessons
     from safe_llama.process.startup import Outcome
     from safe_llama.remembered.early import Early
-    from safe_llama.remembered.fast_record import Recorder
+    from safe_llama.remembered.record_window import Recorder
 
 # Tools whose readiness comes after every allocation of their start-up, so a start that does not fit is
 # seen and retried. llama-server too: it is ready once its task loop answers (readiness.HealthProbe), not
@@ -225,7 +225,7 @@ def run_launch(
     if door is None:
         settings, origins = launch_args.resolve_sourced(given, os.environ)
         return run_attempts(tool, args, os.environ, launch_options(settings, origins))
-    from safe_llama.remembered.fast_record import Recorder
+    from safe_llama.remembered.record_window import Recorder
 
     with Recorder(os.environ) as recorder:
         settings, origins = launch_args.resolve_sourced(given, recorder.env)

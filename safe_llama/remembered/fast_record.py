@@ -1,5 +1,5 @@
-"""Writing launch records (early.py reads them): what a launch read while it planned, watched as it happens,
-and the record stored once that launch is ready.
+"""Writing launch records (early.py reads them): the record of what a launch read while it planned (the
+window, record_window.py, watches it as it happens), stored once that launch is ready.
 
 While a launch resolves its options, finds the binary and plans (the window, up to attempt 1's spawn), an
 audit hook notes every file opened and directory listed, the environment is a mapping that notes every
@@ -26,159 +26,28 @@ an environment change or a line holding a secret option's value stops the record
 are stored as digests salted per record; the variables configs/secrets.toml names only as set or not.
 The record's file name hashes the words with the secret options' values masked (early.key).
 
-Owns the window and the record's contents; the reading side and the identities are early.py's.
+Owns the record's contents; the window is record_window.py's, the reading side and the identities early.py's.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.constants import TOOLS, cache_root
 from safe_llama.remembered import early
+from safe_llama.remembered.record_window import Recorder, pseudo
 
 if TYPE_CHECKING:
     from safe_llama.pipeline.prepare import PlanOptions, Prepared
 
-_PSEUDO_ROOTS = ("/proc/", "/sys/", "/dev/")
-_active: list[Recorder] = []  # the window open now (at most one)
-_hooked: list[bool] = []
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if not _active or event not in ("open", "os.listdir", "os.scandir"):
-        return
-    where = args[0] if args else None
-    if isinstance(where, (str, bytes, os.PathLike)):
-        path = os.fsdecode(where)
-        _active[0].opened.append((event, os.path.abspath(path)))
-
-
-class Recorder:
-    """What one launch reads while it plans (see the module's docstring)."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.raw = env
-        self.env = RecordingEnv(self)
-        self.names: set[str] = set()
-        self.prefix_scans: set[tuple[str, ...]] = set()
-        self.everything = False
-        self.opened: list[tuple[str, str]] = []  # (audit event, absolute path)
-        self.stray = 0  # writes to stderr that are not the plan's reasons
-        self.said: list[tuple[str, str]] = []
-        self.saying = False
-        self._stderr: TextIO | None = None
-        self.at_close: dict[str, Any] = {}  # identities of the files opened, when the window closed
-
-    def __enter__(self) -> Recorder:
-        if not _hooked:
-            sys.addaudithook(_audit)
-            _hooked.append(True)
-        _active[:] = [self]
-        self._stderr = sys.stderr
-        sys.stderr = _StderrTee(sys.stderr, self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """The end of the window (attempt 1 is about to start)."""
-        if _active and _active[0] is self:
-            _active.clear()
-            self.at_close = {p: early.identity(p) for e, p in self.opened if e == "open" and not _pseudo(p)}
-        if self._stderr is not None:
-            sys.stderr = self._stderr
-            self._stderr = None
-
-    @property
-    def open(self) -> bool:
-        return bool(_active) and _active[0] is self
-
-    def say(self, say: Any, message: str, level: str = "info") -> None:
-        """A line the record holds and the early start says again."""
-        self.said.append((message, level))
-        self.saying = True
-        try:
-            say(message, level)
-        finally:
-            self.saying = False
-
 
 class _Unstable(Exception):
     """A file the plan read changed before the record was written."""
-
-
-class RecordingEnv(Mapping[str, str]):
-    """The environment, noting what is read while the window is open (after it, reads are not inputs)."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-
-    def _read(self, name: object) -> None:
-        if isinstance(name, str) and self._recorder.open:
-            self._recorder.names.add(name)
-
-    def __getitem__(self, name: str) -> str:
-        self._read(name)
-        return self._recorder.raw[name]
-
-    def __contains__(self, name: object) -> bool:
-        self._read(name)
-        return name in self._recorder.raw
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self._read(name)
-        return self._recorder.raw.get(name, default)
-
-    def __iter__(self) -> Iterator[str]:
-        if self._recorder.open:
-            self._recorder.everything = True
-        return iter(self._recorder.raw)
-
-    def __bool__(self) -> bool:  # `env or {}`: whether it is empty is not a read of its contents
-        return bool(self._recorder.raw)
-
-    def __len__(self) -> int:
-        if self._recorder.open:
-            self._recorder.everything = True
-        return len(self._recorder.raw)
-
-    def whole(self) -> dict[str, str]:
-        """All of it for a child whose answer is cached under a prefix scan (cmdline.env_scan.whole)."""
-        return dict(self._recorder.raw)
-
-    def prefixed(self, prefixes: tuple[str, ...]) -> dict[str, str]:
-        """The variables whose names start with one of prefixes (cmdline.env_scan): a scan of those only."""
-        if self._recorder.open:
-            self._recorder.prefix_scans.add(tuple(prefixes))
-        return {k: v for k, v in self._recorder.raw.items() if k.startswith(prefixes)}
-
-
-class _StderrTee:
-    def __init__(self, inner: TextIO, recorder: Recorder) -> None:
-        self._inner = inner
-        self._recorder = recorder
-
-    def write(self, text: str) -> int:
-        if text and not self._recorder.saying and self._recorder.open:
-            self._recorder.stray += 1
-        return self._inner.write(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-# ------------------------------------------------------------------------------------------ the record
-
-
-def _pseudo(path: str) -> bool:
-    return path.startswith(_PSEUDO_ROOTS)
 
 
 def _own_files(env: Mapping[str, str]) -> list[str]:
@@ -224,7 +93,7 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
     for event, path in recorder.opened:
         if path.endswith((".py", ".pyc")):
             continue  # modules: safe-llama's own are in _own_files, the interpreter is in the key
-        if event != "open" or _pseudo(path):
+        if event != "open" or pseudo(path):
             if path in early.VOLATILE or os.path.basename(path) in early.VOLATILE:
                 continue  # the host rule checks what these feed
             contents[path] = early.content(path, salt)

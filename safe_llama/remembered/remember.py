@@ -46,7 +46,7 @@ class Identity:
 
 
 def budget_source(detail: str, source: str) -> str:
-    """Where a host budget came from, in one word (from device_map.host_budget's Sourced)."""
+    """Where a host budget came from, in one word (the detail and source of device/host_budget.py's Sourced figure)."""
     if source == "declared":
         return "declared"
     if "RLIMIT_AS" in detail:

@@ -36,7 +36,7 @@ env = dict(os.environ)
 
 
 class Window:
-    # the launch record's window (fast_record.Recorder): run_attempt closes it where the child starts
+    # the launch record's window (record_window.Recorder): run_attempt closes it where the child starts
     closed = 0
 
     def close(self):
