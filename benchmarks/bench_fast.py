@@ -10,7 +10,7 @@
 
 Each --tree (a checkout, e.g. the one before a change) gets its own rows, interleaved with the others, so a
 before/after comparison shares the machine's moments, and its own cache folder (as one installed safe-llama
-has): the launch after the first starts from the launch record the first wrote (run/early.py), as a
+has): the launch after the first starts from the launch record the first wrote (remembered/early.py), as a
 user's second launch of the same command does. Bytecode is written and used, as in an installed
 package (PYTHONDONTWRITEBYTECODE is dropped from the children's environment).
 """

@@ -23,10 +23,11 @@ CAT = shutil.which("cat") or "/bin/cat"  # the relayed program, by its path (spa
 DRIVER = """
 import os, sys
 from safe_llama.diagnosis.signatures import load_table
-from safe_llama.run.readiness import GenerationProbe
-from safe_llama.run.supervise import SignatureWatcher, supervise_child
+from safe_llama.process.readiness import GenerationProbe
+from safe_llama.process.startup import StartupWatcher
+from safe_llama.process.supervise import supervise_child
 probe = GenerationProbe() if sys.argv[1] == "ready" else None
-outcome = supervise_child(sys.argv[2:], os.environ, watcher=SignatureWatcher(load_table()), probe=probe)
+outcome = supervise_child(sys.argv[2:], os.environ, watcher=StartupWatcher(load_table()), probe=probe)
 status = open("/proc/self/status").read().splitlines()
 peak = next(line.split()[1] for line in status if line.startswith("VmHWM"))
 sys.stderr.write(f"rss_peak_kib={peak} ready={outcome.ready}\\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Three RPC workers (the pinned ggml-rpc-server) on 127.0.0.1, each in a cgroup v1 memory group of its own
-# (500 / 400 / 170 MiB), the 12-layer spread model of tests/run/test_rpc_real.py, safe-llama's plan from the
+# (500 / 400 / 170 MiB), the 12-layer spread model of tests/attempts/test_rpc_real.py, safe-llama's plan from the
 # declared budgets, then ONE request whose prompt fills the planned context (token ids, n_predict 2): the
 # workers' peak charge (memory.max_usage_in_bytes) against their limits, and their OOM kills.
 #   sudo bash benchmarks/bench_rpc_fill.sh         (root: it creates and removes the cgroups; minutes of CPU)

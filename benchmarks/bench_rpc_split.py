@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
-from safe_llama.run.readiness import listening  # noqa: E402
+from safe_llama.process.readiness import listening  # noqa: E402
 from tests.llama_run import free_port  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 

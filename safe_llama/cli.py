@@ -90,8 +90,8 @@ def show_help(args: list[str]) -> int:
     """Print the help for args (no words, --help, COMMAND --help) or answer typer's completion options."""
     from typer import Abort, Exit
 
+    from safe_llama.attempts.exits import guarded
     from safe_llama.errors import ExitStatus
-    from safe_llama.run.exits import guarded
 
     def body() -> int:
         try:  # without standalone mode a command's exit code comes back instead of ending the process

@@ -2,8 +2,8 @@
 variable that marks a child started by safe-llama, where the cache and the user's config live (the XDG rule),
 where the packaged policy files are, and how the values of secret options are masked in a list of words.
 
-Owns those definitions; must stay a leaf that imports nothing but os (the early start, run/early.py and
-run/passthrough.py, reads it before anything else is imported) and reads no environment of its own: every
+Owns those definitions; must stay a leaf that imports nothing but os (the early start, remembered/early.py and
+remembered/passthrough.py, reads it before anything else is imported) and reads no environment of its own: every
 rule here takes the environment as an argument.
 """
 

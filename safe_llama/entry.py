@@ -4,7 +4,7 @@ drop-in, rpc-server, plan, the admin commands) is decided in `run`, its options 
 only then. Pass-through invocations (help, version, usage errors) exec the real llama.cpp
 binary first; nothing here imports typer: only help (and typer's shell completion) loads cli.
 
-A launch whose plan is known from a launch record starts llama.cpp first of all (run/early.py), before
+A launch whose plan is known from a launch record starts llama.cpp first of all (remembered/early.py), before
 even the pass-through's option table is read: a record exists only for words that loaded a model.
 
 Owns those early exits, the dispatch and the mapping of failures to exit codes, and hands the process's
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from safe_llama.cmdline.own_options import Command
-    from safe_llama.run.early import Early
+    from safe_llama.remembered.early import Early
 
 HELP_WORDS = ("--help", "--install-completion", "--show-completion")  # answered by cli (typer)
 
@@ -69,7 +69,7 @@ def run(args: list[str], *, console: bool = False) -> int:
     (tests), which gets the exit code back."""
     word = args[0] if args else ""
     if word == "rpc-server":
-        from safe_llama.run.exits import guarded
+        from safe_llama.attempts.exits import guarded
 
         return guarded(lambda: _rpc_server(args[1:]))
     from safe_llama.cmdline import own_options
@@ -95,9 +95,9 @@ def run(args: list[str], *, console: bool = False) -> int:
 
 def _launch_words(args: list[str], console: bool) -> int:
     """`safe-llama [launcher options] TOOL [llama.cpp args]`."""
+    from safe_llama.attempts.exits import guarded
     from safe_llama.cmdline.launch_args import split
     from safe_llama.errors import SafeLlamaError
-    from safe_llama.run.exits import guarded
 
     try:
         request = split(args)
@@ -106,7 +106,7 @@ def _launch_words(args: list[str], console: bool) -> int:
         return int(err.status)
     if request is None:  # --help before the tool
         return _help(["--help"])
-    from safe_llama.run.passthrough import pass_through_early
+    from safe_llama.remembered.passthrough import pass_through_early
 
     tool, tool_args, given = request.tool, list(request.args), dict(request.settings)
     pass_through_early(tool, tool_args, given)
@@ -119,9 +119,9 @@ def _command(command: Command, args: list[str]) -> int:
     only now (`--help`: cli shows it)."""
     from importlib import import_module
 
+    from safe_llama.attempts.exits import guarded
     from safe_llama.cmdline.own_options import read
     from safe_llama.errors import ExitStatus, SafeLlamaError
-    from safe_llama.run.exits import guarded
 
     def body() -> int:
         reading = read(command.name, args)
@@ -145,18 +145,18 @@ def _help(args: list[str]) -> int:
 
 
 def _early(door: str, args: list[str]) -> Early | None:
-    """Attempt 1 started from a launch record (run/early.py), or None."""
-    from safe_llama.run import early
+    """Attempt 1 started from a launch record (remembered/early.py), or None."""
+    from safe_llama.remembered import early
 
     return early.start(door, args, os.environ)
 
 
 def _adopt(started: Early, args: list[str]) -> int:
     """The supervisor takes over the early start."""
-    from safe_llama.run.exits import guarded
+    from safe_llama.attempts.exits import guarded
 
     def body() -> int:
-        from safe_llama.run.launch import adopted
+        from safe_llama.attempts.launch import adopted
 
         return adopted(started, args)
 
@@ -164,13 +164,13 @@ def _adopt(started: Early, args: list[str]) -> int:
 
 
 def _launch(tool: str, args: list[str], given: dict[str, str], door: tuple[str, list[str]] | None) -> int:
-    from safe_llama.run.launch import run_launch
+    from safe_llama.attempts.launch import run_launch
 
     return run_launch(tool, args, given, door=door)
 
 
 def _rpc_server(args: list[str]) -> int:
-    from safe_llama.run.worker import run_rpc_server
+    from safe_llama.commands.rpc_server import run_rpc_server
 
     return run_rpc_server(args, os.environ)
 
@@ -181,10 +181,10 @@ def _drop_in(tool: str, args: list[str], *, console: bool) -> int:
         early = _early(tool, args)
         if early is not None:
             return _adopt(early, args)
-    from safe_llama.run.passthrough import pass_through_early
+    from safe_llama.remembered.passthrough import pass_through_early
 
     pass_through_early(tool, args, {})
-    from safe_llama.run.exits import guarded
+    from safe_llama.attempts.exits import guarded
 
     return guarded(lambda: _launch(tool, args, {}, (tool, args) if console else None))
 

@@ -3,7 +3,7 @@ named fields that the code says it through (Message.text), and from which explai
 field a named group), so rewording a message cannot part the two.
 
 Owns those templates and the lines explain names (LINES, in the order they are tried, each with its id);
-must stay a leaf (model/, device/, plan/ and run/ write these lines, diagnosis/ reads them) and must not say
+must stay a leaf (model/, device/, plan/ and attempts/ write these lines, diagnosis/ reads them) and must not say
 what a line means: explain's words, and the exit each line ends with, are configs/own-lines.toml's, by id.
 """
 
@@ -16,7 +16,7 @@ from string import Formatter
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
-PREFIX = "safe-llama: "  # what starts each line safe-llama writes (run/say.py's, an error's): no template holds it
+PREFIX = "safe-llama: "  # what starts each line safe-llama writes (attempts/say.py's, an error's): no template holds it
 ANY = ".+?"  # a field's pattern where its line sets none: the least text, up to the next words of the template
 
 
@@ -69,19 +69,19 @@ NUMBER = r"\d+"
 WORD = r"\S+"  # no space in it
 WORKER = r"\S+ \(\S+\)"  # an RPC worker's label: its device name and (host:port)
 
-# A failed start, tried again (run/attempt_loop.py)
+# A failed start, tried again (attempts/attempt_loop.py)
 RETRY = Message("attempt {attempt} failed: {failure}; retrying: {reason}")
 RETRY_WORKER = Message(
     "attempt {attempt} failed: RPC worker {worker} {how}, with {held} planned there ({failure}); "
     "retrying with at most {cap} on it"
 )
-# Every start failed for memory (run/attempt_loop.py, with the planner's NOTHING_FITS)
+# Every start failed for memory (attempts/attempt_loop.py, with the planner's NOTHING_FITS)
 NO_ATTEMPTS_LEFT = Message("attempt {attempt} failed: {failure}; no attempts left")
 NO_SMALLER_PLAN = Message("no plan smaller than the one that failed ({kv}); giving up after {attempts} attempt(s)")
 AFTER_FAILED_STARTS = Message("{error} (after {failed} failed start(s))")
 # Nothing fits, nothing launched (plan/planner.py)
 NOTHING_FITS = Message("nothing fits: even at -c {ctx} with {type} KV, {detail}")
-# An RPC worker (run/launch.py)
+# An RPC worker (attempts/launch.py)
 WORKER_GONE = Message("RPC worker {worker} stopped during the start and did not answer again within {wait} s")
 # No llama.cpp binary (device/binaries.py)
 BINARY_NOT_FOUND = Message(

@@ -127,7 +127,7 @@ def drop_bad(path: str, why: str) -> None:
 
 _SEQUENCE = (list, tuple)
 # the shapes of the marshal'd entries kept in the cache, by folder (their writers own what the values mean:
-# run/passthrough.py the no-model tables, run/fast_record.py the launch records and the secret options)
+# remembered/passthrough.py the no-model tables, remembered/fast_record.py the launch records and the secret options)
 SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
     "args": {"names": dict, "env": _SEQUENCE},
     "launch": {

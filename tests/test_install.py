@@ -123,7 +123,7 @@ def test_unit_exec_start_runs_as_an_unprivileged_user_and_becomes_ready(service_
     assert settings["DynamicUser"] == "yes" and settings["ProtectHome"] == "yes"
     assert settings["Documentation"].startswith("file://") and Path(settings["Documentation"][7:]).is_file()
     # DynamicUser=: systemd makes /var/cache/safe-llama a link to /var/cache/private/safe-llama, which safe-llama's
-    # cache refuses (found under a real systemd, tests/run/test_systemd_guest.py): the real folder is named
+    # cache refuses (found under a real systemd, tests/attempts/test_systemd_guest.py): the real folder is named
     assert (environment["XDG_CACHE_HOME"], settings["CacheDirectory"]) == ("/var/cache/private", "safe-llama")
     assert environment["HOME"] == "/var/lib/safe-llama"
     port = free_port()

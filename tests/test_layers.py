@@ -1,7 +1,7 @@
 """The package tree is the architecture (safe_llama/*/__init__.py say what each owns): imports go one way,
-from the doors (entry, cli) through commands, run, pipeline, diagnosis, plan, device and cmdline down to
-model and the shared leaves, and no module imports itself back through others. Lazy imports inside
-functions count too."""
+from the doors (entry, cli) through commands, attempts, remembered, process, pipeline, diagnosis, plan,
+device and cmdline down to model and the shared leaves, and no module imports itself back through others.
+Lazy imports inside functions count too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ PACKAGE = ROOT / "safe_llama"
 # lower number: lower layer; a module may import its own layer and the ones below
 LAYERS = {
     "leaf": 0, "model": 1, "cmdline": 2, "backends": 3, "device": 4, "plan": 5, "diagnosis": 6, "pipeline": 7,
-    "run": 8, "commands": 9, "door": 10,
+    "process": 8, "remembered": 9, "attempts": 10, "commands": 11, "door": 12,
 }  # fmt: skip
 LEAVES = {"errors", "units", "constants", "paths", "state", "trust", "messages", "__init__"}
 DOORS = {"entry", "cli", "__main__"}

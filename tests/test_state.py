@@ -113,3 +113,15 @@ def test_toml_is_read_once_then_from_the_cache(tmp_path: Path) -> None:
     elsewhere.write_text("a = 1\n")
     assert load_toml(elsewhere) == {"a": 1}
     assert len(list((tmp_path / "cache" / "safe-llama" / "toml").glob("*.json"))) == 2
+
+
+def test_clearing_follows_no_symlink(tmp_path: Path) -> None:
+    """`forget` clears the cache's own folders, never what a link in it points at."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.json").write_text("{}")
+    root = tmp_path / "cache" / "safe-llama"
+    root.mkdir(parents=True, mode=0o700)
+    (root / "plans").symlink_to(elsewhere)
+    assert state.clear_entries(root)["plans"] == 0
+    assert (elsewhere / "keep.json").is_file()

@@ -32,7 +32,8 @@ from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.llama_listing import LlamaDevice, LlamaVersion
 from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
-from safe_llama.device.probing import load_profiles, probe_devices, probe_llama
+from safe_llama.device.probing import probe_devices, probe_llama
+from safe_llama.device.profiles import load_profiles
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.errors import ExitStatus, SafeLlamaError

@@ -1,7 +1,7 @@
 """What safe-llama knows about the device llama.cpp will run on and the host's memory: the probing shell.
 
 Owns running the probes (OpenCL, `--list-devices`/`--version`, sysfs, host), caching the slow ones under
-cache_dir()/probe/, loading device profiles and a user's [backends] rules, and the DeviceReport (the `devices`
+cache_dir()/probe/, and the DeviceReport (the `devices`
 command renders it). The decisions are target_device's (pure); must not plan (the planner takes the report's
 values).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from safe_llama import state
-from safe_llama.backends.backend import AllocRule, parse_alloc_rules
-from safe_llama.backends.registry import ALLOC_RULES, BACKENDS, backend_named
+from safe_llama.backends.registry import BACKENDS, backend_named
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
@@ -42,9 +40,10 @@ from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
 from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
 from safe_llama.device.proc import run_capture
-from safe_llama.device.target_device import TargetDevice, parse_profile, resolve_target
-from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.paths import cache_dir, config_dir, configs_dir
+from safe_llama.device.profiles import backend_rules, load_profile, load_profiles
+from safe_llama.device.target_device import TargetDevice, resolve_target
+from safe_llama.errors import SafeLlamaError
+from safe_llama.paths import cache_dir
 
 # Environment variables that change what `--list-devices` prints (which devices exist, which OpenVINO
 # device is selected). A cached listing is only valid for the same values.
@@ -95,62 +94,6 @@ class DeviceReport:
     free: FreeReport = NO_READINGS  # the vendors' free-memory readings, taken now
     vulkan: VulkanReport | None = None  # probed when llama.cpp lists a Vulkan device
     vulkan_cached: bool = False
-
-
-# -------------------------------------------------------------------------------------------- profiles
-
-
-def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
-    # The user's own profiles first, so one can shadow a packaged profile of the same name.
-    return [config_dir(env) / "devices", configs_dir(env) / "devices"]
-
-
-def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
-    """keep_in: the cache folder for a profile of safe-llama's own folders (state.load_toml); None for one
-    named by its path."""
-    try:
-        data = state.load_toml(path, keep_in)
-    except (OSError, ValueError) as err:
-        raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
-    return parse_profile(path.stem, str(path), data)
-
-
-def load_profile(name: str, env: Mapping[str, str]) -> DeviceProfile:
-    """A profile by name (configs/devices/<name>.toml, or the user's) or by path."""
-    if name.endswith(".toml") or os.sep in name:
-        return _read_profile(Path(name))
-    for directory in _profile_dirs(env):
-        candidate = directory / f"{name}.toml"
-        if candidate.is_file():
-            return _read_profile(candidate, cache_dir(env))
-    known = sorted({p.stem for d in _profile_dirs(env) if d.is_dir() for p in d.glob("*.toml")})
-    raise SafeLlamaError(
-        f"safe-llama: no device profile '{name}' (known: {', '.join(known) or 'none'})", ExitStatus.BAD_CONFIG
-    )
-
-
-def load_profiles(env: Mapping[str, str]) -> tuple[DeviceProfile, ...]:
-    seen: dict[str, DeviceProfile] = {}
-    for directory in _profile_dirs(env):
-        if directory.is_dir():
-            for path in sorted(directory.glob("*.toml")):
-                seen.setdefault(path.stem, _read_profile(path, cache_dir(env)))
-    return tuple(seen.values())
-
-
-def backend_rules(env: Mapping[str, str]) -> dict[str, AllocRule]:
-    """The backends' allocation rules, each replaced by the user's config.toml [backends] entry of its key."""
-    rules = dict(ALLOC_RULES)
-    user = config_dir(env) / "config.toml"
-    if user.is_file():
-        try:
-            mine = state.load_toml(user, cache_dir(env)).get("backends", {})
-        except (OSError, ValueError):
-            return rules  # cmdline.launch_args reports a broken config file before any probe
-        if not isinstance(mine, Mapping):
-            raise SafeLlamaError(f"safe-llama: {user}: [backends] must be a table", ExitStatus.BAD_CONFIG)
-        rules |= parse_alloc_rules(mine, f"{user}: [backends]")
-    return rules
 
 
 # ------------------------------------------------------------------------------------ the slow probes

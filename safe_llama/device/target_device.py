@@ -313,7 +313,7 @@ def resolve_target(
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
     matched by device name. Pure: every fact comes in as a value (`rules`: the backends' rules with a user's
-    [backends] over them, as `probing.backend_rules` reads them)."""
+    [backends] over them, as `profiles.backend_rules` reads them)."""
     choice = _choose_llama_device(request, listed, profile)
     backend = backend_named(choice.backend)
     kind = backend.kind(choice.backend_device)

@@ -26,7 +26,7 @@ CATEGORIES: tuple[str, ...] = get_args(Category)
 # What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.
 FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", "exit"]
 MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
-# What a row's `teaches` may name: a field of the one record of lessons (run/retry.py's LEARNERS fill them).
+# What a row's `teaches` may name: a field of the one record of lessons (attempts/retry.py's LEARNERS fill them).
 LESSON_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Lessons))
 
 GROUPS = frozenset({"requested_bytes", "requested_mib", "limit_bytes", "buffer"})
@@ -53,7 +53,7 @@ class Signature:
     pattern: re.Pattern[str]
     source: str = ""
     stage: Stage | None = None
-    teaches: str | None = None  # the plan.target.Lessons field its numbers go to (run/retry.py's LEARNERS)
+    teaches: str | None = None  # the plan.target.Lessons field its numbers go to (attempts/retry.py's LEARNERS)
 
 
 @dataclass(frozen=True)

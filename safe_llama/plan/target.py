@@ -85,8 +85,8 @@ class TargetPolicy:
 
 @dataclass(frozen=True)
 class Lessons:
-    """What failed starts taught: the one record of it, kept by the attempt loop (run/retry.py), remembered in
-    part (run/remember.py) and planned with here; the next plan stays under these."""
+    """What failed starts taught: the one record of it, kept by the attempt loop (attempts/retry.py), remembered in
+    part (remembered/remember.py) and planned with here; the next plan stays under these."""
 
     learned_max_alloc: int | None = None  # the device's largest single allocation, named by the device
     kv_cap: int | None = None  # the next plan's KV must stay at or under this

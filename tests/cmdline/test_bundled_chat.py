@@ -1,5 +1,5 @@
 """cmdline/bundled_chat.py: the options a chat with the bundled model gets (configs/bundled-model.toml), only
-where the user set none of them. The chat ending by itself is tests/run/test_cli_pty.py's (a real terminal)."""
+where the user set none of them. The chat ending by itself is tests/attempts/test_cli_pty.py's (a real terminal)."""
 
 from __future__ import annotations
 

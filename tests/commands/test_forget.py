@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.commands.forget import main
-from safe_llama.run import remember
+from safe_llama.remembered import remember
 
 
 def test_forgets_every_remembered_plan_and_says_how_many(

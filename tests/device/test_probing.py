@@ -1,5 +1,5 @@
-"""probing: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches,
-the device profiles in configs/devices/ (the `safe-llama devices` command: tests/commands/test_devices.py)."""
+"""probing: the probing shell with the real pinned builds, real pocl, fixture sysfs/cgroup trees, the caches
+(the device profiles: test_profiles.py; the `safe-llama devices` command: tests/commands/test_devices.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
-from safe_llama.device.llama_listing import MIB
-from safe_llama.device.probing import backend_rules, load_profile, load_profiles, probe_devices, probe_llama
-from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.device.probing import probe_devices, probe_llama
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
 
@@ -37,40 +35,6 @@ def roots(tmp_path: Path) -> ProbeRoots:
     sys_root, dev_root = igpu_and_dgpu(tmp_path / "machine")
     proc, cgroup_root = v2_tree(tmp_path / "cgroup")
     return ProbeRoots(sys_root=sys_root, dev_root=dev_root, proc_cgroup=proc, cgroup_root=cgroup_root)
-
-
-def test_packaged_profiles() -> None:
-    uhd = load_profile("intel-uhd-770", {})
-    assert (uhd.max_alloc_bytes, uhd.integrated, uhd.backend, uhd.vendor_id) == (
-        UHD770_MAX_ALLOC,
-        True,
-        "openvino",
-        0x8086,
-    )
-    assert uhd.memory_bytes is None  # an iGPU's memory is the host's
-    h200 = load_profile("nvidia-h200", {})
-    assert (h200.memory_bytes, h200.max_alloc_bytes, h200.backend) == (150109880320, None, "cuda")
-    assert 150109880320 // MIB == 143155  # what --list-devices printed on that machine
-    assert {p.key for p in load_profiles({})} >= {"intel-uhd-770", "nvidia-h200"}
-
-
-def test_unknown_profile_lists_the_known_ones(env: dict[str, str]) -> None:
-    with pytest.raises(SafeLlamaError) as err:
-        load_profile("intel-uhd-7700", env)
-    assert err.value.status == ExitStatus.BAD_CONFIG
-    assert "intel-uhd-770" in err.value.message
-
-
-def test_a_user_profile_shadows_the_packaged_one(env: dict[str, str]) -> None:
-    mine = Path(env["XDG_CONFIG_HOME"]) / "safe-llama" / "devices" / "intel-uhd-770.toml"
-    mine.parent.mkdir(parents=True)
-    mine.write_text('backend = "sycl"\nmax_alloc_bytes = 1234\n')
-    assert load_profile("intel-uhd-770", env).max_alloc_bytes == 1234
-    broken = mine.with_name("broken.toml")
-    broken.write_text("max_alloc_bytes = \n")
-    with pytest.raises(SafeLlamaError) as err:
-        load_profile("broken", env)
-    assert err.value.status == ExitStatus.BAD_CONFIG
 
 
 @pytest.mark.slow
@@ -179,32 +143,3 @@ def test_rpc_probe_names_a_worker_that_does_not_answer(llama_bin: Path) -> None:
 
     listed = probe_rpc(llama_bin / "llama-server", f"127.0.0.1:{free_port()}", env=dict(os.environ))
     assert listed.devices == () and listed.problem is not None and "Failed to connect to 127.0.0.1:" in listed.problem
-
-
-def _user_config(tmp_path: Path, config: str | None = None) -> dict[str, str]:
-    if config is not None:
-        (tmp_path / "safe-llama").mkdir(exist_ok=True)
-        (tmp_path / "safe-llama" / "config.toml").write_text(config)
-    return {"XDG_CONFIG_HOME": str(tmp_path)}
-
-
-def test_backend_rules_without_a_user_config_are_the_backends_own(tmp_path: Path) -> None:
-    rules = backend_rules(_user_config(tmp_path))
-    assert rules["openvino:GPU"].alloc_limit == "opencl" and rules["openvino:GPU"].vendor_ids == (0x8086,)
-    assert rules["cuda"].alloc_limit == "none" and rules["cuda"].vendor_ids == (0x10DE,)
-    assert {"cpu", "openvino:CPU", "openvino:NPU", "sycl", "hip", "vulkan", "metal"} <= set(rules)
-
-
-def test_a_user_backend_entry_replaces_the_backends_own(tmp_path: Path) -> None:
-    config = '[backends.vulkan]\nvendor_ids = []\nalloc_limit = "opencl"\nwhy = "my driver obeys OpenCL\'s figure"\n'
-    rules = backend_rules(_user_config(tmp_path, config))
-    assert rules["vulkan"].alloc_limit == "opencl" and "my driver" in rules["vulkan"].why
-    assert rules["cuda"].alloc_limit == "none"  # the others stay
-
-
-def test_a_bad_user_backend_entry_names_the_file_and_key(tmp_path: Path) -> None:
-    config = '[backends.vulkan]\nalloc_limit = "sometimes"\nwhy = "x"\n'
-    with pytest.raises(SafeLlamaError) as err:
-        backend_rules(_user_config(tmp_path, config))
-    assert err.value.status == ExitStatus.BAD_CONFIG
-    assert "config.toml: [backends]: [vulkan] alloc_limit: 'sometimes'" in err.value.message

@@ -539,11 +539,11 @@ def test_ggml_init_assert_before_the_malloc_line_is_memory() -> None:
 
 def test_the_pinned_memory_warning_ends_no_start() -> None:
     """ggml-vulkan falls back to a plain host buffer after it: the start goes on, and may become ready."""
-    from safe_llama.run.relay import Stream
-    from safe_llama.run.supervise import SignatureWatcher, Verdict
+    from safe_llama.process.relay import Stream
+    from safe_llama.process.startup import StartupWatcher, Verdict
 
     whole = log_bytes("vulkan-pinned-memory.log")
-    watcher = SignatureWatcher(TABLE)
+    watcher = StartupWatcher(TABLE)
     assert watcher.output(Stream.STDERR, whole) == Verdict.CONTINUE
     assert watcher.conclude(None) is None
     assert [m.category for m in watcher.matches] == ["harmless"]

@@ -3,7 +3,7 @@
 # (/payload): installs safe-llama as the README says for a system-wide install (a virtual environment in
 # /opt/safe-llama/venv from a wheel, links in /usr/local/bin, the pinned llama.cpp and a model under
 # /opt/safe-llama), runs the shipped unit with MemoryMax=, and prints one "GUEST key=value" line per finding
-# for tests/run/test_systemd_guest.py. Every wait is bounded.
+# for tests/attempts/test_systemd_guest.py. Every wait is bounded.
 set -u
 P=/payload
 . $P/payload.env   # BIN_DIR MODEL_NAME MEMORY_MAX MEMORY_MAX_AFTER

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.attempts.retry import Attempt, named_lesson
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import to_request
@@ -24,7 +25,6 @@ from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Lessons, Target
-from safe_llama.run.retry import Attempt, named_lesson
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf
 

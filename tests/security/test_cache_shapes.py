@@ -85,7 +85,7 @@ def _launch(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 
 
 def _plant_empty_args_table(env: dict[str, str]) -> Path:
-    from safe_llama.run import passthrough
+    from safe_llama.remembered import passthrough
 
     where = passthrough._table_path("completion", env)
     assert where is not None
@@ -93,11 +93,6 @@ def _plant_empty_args_table(env: dict[str, str]) -> Path:
     return Path(where)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run/passthrough.py reads args/*.marshal with early.load_private: the lead wires "
-    "trust.load_entry(path, trust.SHAPES['args']) there after run/ moves",
-)
 def test_an_empty_no_model_table_no_longer_fails_every_launch(tmp_path: Path) -> None:
     env = _env(tmp_path)
     planted = _plant_empty_args_table(env)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from safe_llama import state
 from safe_llama.paths import cache_dir
-from safe_llama.run import remember
+from safe_llama.remembered import remember
 
 PROCESSES = 32
 PLANS = 200

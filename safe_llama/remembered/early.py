@@ -1,0 +1,254 @@
+"""The early start: a launch whose plan is already known starts llama.cpp before the planner and the
+supervisor are imported, from a launch record (fast_record.py writes it when a launch becomes ready).
+
+A record is found by the launch's own words (which door, its argv with the values of secret options
+masked, the working directory) and used only while everything its plan was made from is as it was:
+safe-llama's own files, every file and directory the plan read (by identity: device, inode, size, mtime;
+/proc and /sys ones by content), every environment variable it read (by a salted digest of the value; a
+secret one, which no plan reads the value of, by whether it is set), and a host budget still at least what
+the plan needs (fast_record.py says why that rule is sound). The child then gets the recorded argv and
+environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
+
+Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
+sys, hashlib, constants and trust (marshal); fork_exec, with signal, only once a record is found: no subprocess,
+dataclasses, typing, pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both
+stdin and stdout takes the normal path (the pty).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+from safe_llama import __version__, trust
+from safe_llama.constants import GUARD_ENV, cache_root, mask_values
+from safe_llama.device.oom_counters import parse_meminfo, read_counters
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:  # collections.abc costs an import on the early path
+    from collections.abc import Collection, Mapping, Sequence
+    from typing import Any
+
+    from safe_llama.process import fork_exec
+
+FORMAT = 1
+FOLDER = "launch"  # under the cache directory
+# /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable);
+# the cgroup's usage figures only count under a cgroup limit, and a plan made under one is never recorded
+VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes")
+# the largest answer a pseudo-file may give to be recorded by content
+CONTENT_LIMIT = 1 << 16
+
+
+def _blake(data: bytes, salt: bytes = b"") -> str:
+    return hashlib.blake2b(data, digest_size=20, key=salt).hexdigest()
+
+
+def key(door: str, args: Sequence[str], cwd: str, hidden: Collection[str] = ()) -> str:
+    """The record's file name: which door (safe-llama or a tool's drop-in), the words given (the values of
+    the secret options in hidden masked: not even a digest of them names a file), where."""
+    text = "\0".join([str(FORMAT), __version__, sys.executable, door, cwd, *masked(args, hidden)])
+    return _blake(text.encode("utf-8", "surrogateescape"))
+
+
+def masked(args: Sequence[str], hidden: Collection[str]) -> list[str]:
+    """args with the value of every option in hidden replaced by a NUL (which no word holds)."""
+    return mask_values(args, hidden, "\0")
+
+
+def secret_options_path(env: Mapping[str, str]) -> str:
+    """Every spelling of a secret option (configs/secrets.toml, widened by the option table), kept beside the
+    records by the launch that writes one (fast_record.store)."""
+    return os.path.join(cache_root(env), FOLDER, "secret-options")  # marshal, not a record (*.marshal)
+
+
+def secret_options(env: Mapping[str, str]) -> frozenset[str] | None:
+    kept = trust.load_entry(secret_options_path(env), trust.SHAPES["secret-options"])
+    options = kept.get("options") if kept is not None else None
+    return frozenset(map(str, options)) if isinstance(options, list) else None
+
+
+def record_path(env: Mapping[str, str], digest: str) -> str:
+    return os.path.join(cache_root(env), FOLDER, f"{digest}.marshal")
+
+
+def identity(path: str) -> tuple[int, int, int, int] | None:
+    """A file's or directory's identity now (None: not there): a change to it changes this."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def content(path: str, salt: bytes) -> str | None:
+    """A /proc or /sys file's answer, or a directory's sorted listing, as a digest (None: not there)."""
+    try:
+        if os.path.isdir(path):
+            data = "\0".join(sorted(os.listdir(path))).encode("utf-8", "surrogateescape")
+        else:
+            with open(path, "rb") as f:
+                data = f.read(CONTENT_LIMIT + 1)
+    except OSError:
+        return None
+    return _blake(data, salt)
+
+
+def env_digest(value: str | None, salt: bytes) -> str | None:
+    return None if value is None else _blake(value.encode("utf-8", "surrogateescape"), salt)
+
+
+def prefixed_digest(env: Mapping[str, str], prefixes: tuple[str, ...], salt: bytes) -> str:
+    text = "\0".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(prefixes))
+    return _blake(text.encode("utf-8", "surrogateescape"), salt)
+
+
+def meminfo() -> tuple[int, int] | None:
+    """(MemTotal, MemAvailable) in bytes, as probe_host.read_meminfo reads them."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            return parse_meminfo(f.read())
+    except OSError:
+        return None
+
+
+def address_space_unlimited() -> bool:
+    """RLIMIT_AS is unlimited (a plan made under one is never recorded: it sizes by it)."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+
+
+def load(path: str) -> dict[str, Any] | None:
+    """The record at path, when this user wrote it in a trusted folder and no one else can write it (code is not
+    run from it, but what it says is launched), and it has a record's shape: None otherwise (a record of a wrong
+    shape is removed with a warning naming it)."""
+    data = trust.load_entry(path, trust.SHAPES["launch"])
+    return data if data is not None and data.get("format") == FORMAT else None
+
+
+def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    """Everything the recorded plan was made from is as it was (see the module's docstring)."""
+    try:
+        salt = record["salt"]
+        if not isinstance(salt, bytes):
+            return False
+        for path, ident in record["files"]:
+            if identity(path) != ident:
+                return False
+        for path, digest in record["contents"]:
+            if content(path, salt) != digest:
+                return False
+        for name, digest in record["env"]:
+            if env_digest(env.get(name), salt) != digest:
+                return False
+        for name, present in record["env_present"]:  # secrets: whether set, never their value
+            if (name in env) != present:
+                return False
+        for prefixes, digest in record["env_prefixes"]:
+            if prefixed_digest(env, prefixes, salt) != digest:
+                return False
+        host = record["host"]
+        if host is not None:
+            total, least_available = int(host[0]), int(host[1])
+            memory = meminfo()
+            if memory is None or memory[0] != total or memory[1] < least_available:
+                return False
+            if not address_space_unlimited():
+                return False
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def cache_usable(root: str) -> bool:
+    """state.check_cache would find the cache folder usable (and say nothing)."""
+    try:
+        st = os.stat(root, follow_symlinks=False)
+    except OSError:
+        return False
+    return (
+        os.path.isdir(root)
+        and not os.path.islink(root)
+        and st.st_uid == os.geteuid()
+        and os.access(root, os.W_OK | os.X_OK)
+        and trust.problem(root) is None
+    )
+
+
+class Early:
+    """Attempt 1, started: what the supervisor needs to adopt it and say what the full path would have said."""
+
+    def __init__(
+        self,
+        door: str,
+        started: fork_exec.Started,
+        argv: list[str],
+        env: dict[str, str],
+        record: dict[str, Any],
+        path: str,
+    ) -> None:
+        self.door = door  # "safe-llama", or the tool of a drop-in door
+        self.started = started
+        self.argv = argv  # the binary and its arguments
+        self.env = env  # the child's whole environment
+        self.record = record
+        self.path = path  # the record's file: dropped when this start fails for memory
+
+    @property
+    def lines(self) -> list[tuple[str, str]]:
+        """What safe-llama says before attempt 1 (the plan's reasons), as (message, level)."""
+        return [(str(message), str(level)) for message, level in self.record["lines"]]
+
+    @property
+    def tool(self) -> str:
+        return str(self.record["tool"])
+
+    @property
+    def status(self) -> str:
+        return str(self.record["status"])
+
+
+def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | None:
+    """Start attempt 1 from a valid launch record; None when there is none (the normal path then runs).
+    Not when started by safe-llama (the recursion guard refuses that on the normal path), nor on a terminal
+    (pty mode)."""
+    if GUARD_ENV in env or (os.isatty(0) and os.isatty(1)):
+        return None
+    root = cache_root(env)
+    if not cache_usable(root):
+        return None
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    hidden = secret_options(env)
+    if hidden is None:  # no launch has written a record yet
+        return None
+    path = record_path(env, key(door, args, cwd, hidden))
+    record = load(path)
+    if record is None or not still_valid(record, env):
+        return None
+    try:
+        argv = [str(record["binary"])]
+        argv += [args[word] if isinstance(word, int) else str(word) for word in record["argv"]]
+        extra = dict(record["extra_env"])
+        if not isinstance(record["tool"], str) or not isinstance(record["status"], str):
+            return None
+        sources = list(record["counters"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    from safe_llama.process import fork_exec
+
+    child_env = fork_exec.supervised_env(env, extra, os.getpid())
+    _, mask_before = fork_exec.block_watched(False)
+    counters = read_counters(sources)
+    foreground = fork_exec.terminal_foreground(0)
+    try:
+        proc, out_src, err_src = fork_exec.spawn_on_pipes(argv, child_env, (None, 1, 2), foreground)
+    except OSError:  # the normal path finds the binary again, and says what is wrong with it
+        fork_exec.restore_mask(mask_before)
+        return None
+    started = fork_exec.Started(proc.pid, out_src, err_src, counters, foreground is not None, mask_before)
+    return Early(door, started, argv, child_env, record, path)

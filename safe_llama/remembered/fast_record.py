@@ -1,0 +1,269 @@
+"""Writing launch records (early.py reads them): the record of what a launch read while it planned (the
+window, record_window.py, watches it as it happens), stored once that launch is ready.
+
+While a launch resolves its options, finds the binary and plans (the window, up to attempt 1's spawn), an
+audit hook notes every file opened and directory listed, the environment is a mapping that notes every
+variable read and prefix scanned (planning takes the environment only as an argument: every read is seen),
+and stderr notes any line that is not one of the plan's reasons.
+The record then holds the identity of all of it (early.py), plus the files only stat()ed on the way
+(the binary, the config file, PATH's folders, the bundled model's places, every argument naming a file)
+and safe-llama's own files. No record when the window saw something it cannot hold: the whole
+environment read, a stray line on stderr, a remembered plan that capped this one, a secret in what
+would be stored, RPC workers (their devices come from the network, listed on every launch).
+
+The host budget is the one input that changes on every launch (MemAvailable). Sound rule: a record is
+stored only when the host's sole limit is RAM (no cgroup limit, no RLIMIT_AS: those size a plan by a
+figure that moves with usage) or a declared budget, and when planning under an unlimited budget gives the
+same plan: the planner takes the first of its candidate settings, in a fixed order, whose allocations
+fit, and a larger budget never makes an allocation stop fitting, so every earlier candidate fits under
+no budget at all and this plan is chosen under every budget where its own allocations fit. The least such
+budget is found by planning again (a binary search on the same function), and the record is valid while
+MemAvailable is at least that (and MemTotal as it was). A plan sized by the budget (a context cut to fit)
+differs under an unlimited one and is never recorded.
+
+Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
+an environment change or a line holding a secret option's value stops the record. Environment values
+are stored as digests salted per record; the variables configs/secrets.toml names only as set or not.
+The record's file name hashes the words with the secret options' values masked (early.key).
+
+Owns the record's contents; the window is record_window.py's, the reading side and the identities early.py's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from safe_llama import state
+from safe_llama.constants import TOOLS, cache_root
+from safe_llama.remembered import early
+from safe_llama.remembered.record_window import Recorder, pseudo
+
+if TYPE_CHECKING:
+    from safe_llama.pipeline.prepare import PlanOptions, Prepared
+
+
+class _Unstable(Exception):
+    """A file the plan read changed before the record was written."""
+
+
+def _own_files(env: Mapping[str, str]) -> list[str]:
+    """safe-llama's own files and folders (the package, its configs and those in use): a change is a new planner."""
+    from safe_llama.paths import configs_dir, packaged_configs
+
+    out: list[str] = []
+    tops = dict.fromkeys([str(Path(__file__).resolve().parent.parent), str(packaged_configs()), str(configs_dir(env))])
+    for top in tops:
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            out.append(folder)
+            out.extend(os.path.join(folder, f) for f in sorted(files) if not f.endswith(".pyc"))
+    return out
+
+
+def _stat_inputs(binary: Path, user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """Inputs the planner only stat()s (no audit event): where a binary or a model could be found."""
+    from safe_llama.paths import bundled_model_dirs, config_dir, pinned_bin_dirs
+
+    out = [str(binary), str(config_dir(env) / "config.toml")]
+    out += [os.path.abspath(d) for d in env.get("PATH", "").split(os.pathsep) if d]
+    for _, folder in pinned_bin_dirs("cpu", env):
+        out += [str(folder), str(folder.parent / ".complete")]
+    out += [str(folder) for folder in bundled_model_dirs(env)]
+    for word in user_args:
+        for part in (word, word.partition("=")[2]):
+            if part and os.path.lexists(part):
+                out.append(os.path.abspath(part))
+    return out
+
+
+def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tuple[list[Any], list[Any]]:
+    """(files by identity, /proc, /sys, /dev files and listed folders by content)."""
+    files: dict[str, Any] = {}
+    contents: dict[str, Any] = {}
+    # a file that changed between the plan and now (but the remembered plan, stored at readiness just before)
+    # may not have been read as the record would say
+    remembered = os.path.join(cache_root(recorder.raw), "plans")
+    for path, ident in recorder.at_close.items():
+        if early.identity(path) != ident and not path.startswith(remembered + os.sep):
+            raise _Unstable(path)
+    for event, path in recorder.opened:
+        if path.endswith((".py", ".pyc")):
+            continue  # modules: safe-llama's own are in _own_files, the interpreter is in the key
+        if event != "open" or pseudo(path):
+            if path in early.VOLATILE or os.path.basename(path) in early.VOLATILE:
+                continue  # the host rule checks what these feed
+            contents[path] = early.content(path, salt)
+        else:
+            files[path] = early.identity(path)
+    for path in [*stat_only, *_own_files(recorder.raw)]:
+        files.setdefault(path, early.identity(path))
+    return sorted(files.items()), sorted(contents.items())
+
+
+def _secret_values(tool: str, user_args: Sequence[str]) -> list[str]:
+    """The values of the secret options in the user's words (`--api-key K`, `--api-key=K`)."""
+    from safe_llama.cmdline.llama_args import REDACTED, redact_argv
+
+    out: list[str] = []
+    for word, shown in zip(user_args, redact_argv(user_args, tool), strict=True):
+        if word != shown:
+            secret = word.partition("=")[2] if shown.endswith(f"={REDACTED}") else word
+            out += [secret] if secret else []
+    return out
+
+
+def _secret_names(names: set[str]) -> set[str]:
+    """The variables configs/secrets.toml names (an API key, a token): a plan reads whether they are set, never
+    their value (it is the server's, or the download's), so the record holds only that. A name that only
+    contains one of its fragments (LLAMA_ARG_IMAGE_MAX_TOKENS) may be a planner input: held by digest."""
+    from safe_llama.cmdline.llama_args import secrets
+
+    return names & secrets().env
+
+
+def _same_plan(a: Prepared, b: Prepared) -> bool:
+    from safe_llama.pipeline.prepare import final_argv
+
+    if a.plan is None or b.plan is None:
+        return False
+    return (
+        final_argv(a) == final_argv(b)
+        and dict(a.plan.env_changes) == dict(b.plan.env_changes)
+        and [s.reason for s in a.plan.steps] == [s.reason for s in b.plan.steps]
+    )
+
+
+def _under_ram(prepared: Prepared, value: int) -> Prepared:
+    from safe_llama.device.host_budget import HostLimit
+
+    budget = replace(prepared.target.host_budget, value=value)
+    target = replace(prepared.target, host_budget=budget, host_limits=(HostLimit("ram", budget),))
+    return replace(prepared, target=target)
+
+
+def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> int | None:
+    """The least RAM budget under which planning gives this same plan, when an unlimited one does too (the
+    plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
+    its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
+    from safe_llama.paths import cache_dir, config_dir, configs_dir
+    from safe_llama.pipeline.prepare import replan
+    from safe_llama.plan.memory import allocations
+    from safe_llama.plan.policy import load_policy
+
+    limits = prepared.target.limits_on_host
+    if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":
+        return None
+    if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, prepared.target.lessons, env), prepared):
+        return None
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
+    settings = prepared.plan.settings
+
+    def fits(budget: int) -> bool:
+        return all(a.fits for a in allocations(prepared.facts, settings, _under_ram(prepared, budget).target, policy))
+
+    low, high = 0, limits[0].budget.value  # nothing fits in no memory; the plan fits in this budget
+    if fits(low) or not fits(high):
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def build(
+    recorder: Recorder,
+    *,
+    tool: str,
+    user_args: Sequence[str],
+    door_args: Sequence[str],
+    argv: Sequence[str],
+    prepared: Prepared,
+    options: PlanOptions,
+    status: str,
+) -> dict[str, Any] | None:
+    """The record of a launch whose attempt 1 is ready; None when it cannot be held (see the docstring)."""
+    from safe_llama.device.probe_host import oom_counter_sources
+
+    if recorder.everything or recorder.stray or prepared.plan is None or prepared.binary is None:
+        return None
+    if prepared.target.remote:  # RPC workers: their devices, memory and presence come from the network
+        return None
+    if prepared.target.device_free is not None:  # a GPU's free memory moves with every other program's use
+        return None
+    env = recorder.raw
+    extra = dict(prepared.plan.env_changes)
+    template: list[int | str] = []
+    for word in argv:
+        template.append(door_args.index(word) if word in door_args else word)
+    secrets = _secret_values(tool, user_args)
+    stored = [w for w in template if isinstance(w, str)] + [*extra.keys(), *extra.values()]
+    stored += [line for line, _ in recorder.said] + [status]
+    if any(secret in text for secret in secrets for text in stored):
+        return None
+    limits = prepared.target.limits_on_host
+    host: tuple[int, int] | None = None
+    if not (len(limits) == 1 and limits[0].budget.source == "declared"):
+        least = least_budget(prepared, options, env)
+        memory = early.meminfo()
+        if least is None or memory is None or not early.address_space_unlimited():
+            return None
+        host = (memory[0], least)
+    hidden = _secret_names(recorder.names)
+    salt = os.urandom(16)
+    try:
+        files, contents = _validity(recorder, _stat_inputs(prepared.binary, user_args, env), salt)
+    except _Unstable:
+        return None
+    return {
+        "format": early.FORMAT,
+        "tool": tool,
+        "salt": salt,
+        "binary": str(prepared.binary),
+        "argv": template,
+        "extra_env": extra,
+        "lines": list(recorder.said),
+        "status": status,
+        "files": files,
+        "contents": contents,
+        "env": sorted((name, early.env_digest(env.get(name), salt)) for name in recorder.names if name not in hidden),
+        "env_present": sorted((name, name in env) for name in recorder.names if name in hidden),
+        "env_prefixes": sorted((p, early.prefixed_digest(env, p, salt)) for p in recorder.prefix_scans),
+        "host": host,
+        "counters": oom_counter_sources(),
+    }
+
+
+def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: Mapping[str, str]) -> None:
+    """Write the record (0600 in a 0700 folder, atomically); an unwritable cache only means no early start."""
+    import marshal
+
+    hidden = secret_options()
+    path = Path(early.record_path(env, early.key(door, door_args, os.getcwd(), hidden)))
+    try:
+        if early.secret_options(env) != hidden:
+            state.write_bytes(Path(early.secret_options_path(env)), marshal.dumps({"options": sorted(hidden)}))
+        state.write_bytes(path, marshal.dumps(dict(record)))
+    except (OSError, ValueError):
+        return
+
+
+def secret_options() -> frozenset[str]:
+    """Every spelling of a secret option, for any tool (the record's name masks their values: early.key)."""
+    from safe_llama.cmdline.llama_args import secrets
+
+    return frozenset().union(*(secrets(tool).options for tool in TOOLS))
+
+
+def drop(path: str) -> None:
+    """Forget a record whose start failed for memory: the next launch plans."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return

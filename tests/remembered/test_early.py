@@ -1,0 +1,263 @@
+"""The early start end to end: `python -m safe_llama` twice, the second from the launch record the first wrote.
+The child is the real pinned llama-completion on the bundled model, behind a shim that logs the argv and the
+whole environment it was given (FAKE-free: the shim only logs, then execs the real binary); the seed's
+OpenVINO fake stands in where a start must fail for memory (no real part fails on demand).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safe_llama.constants import GUARD_ENV
+from safe_llama.remembered import early
+from tests import ROOT
+from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
+
+SHIM = """#!{python}
+# logs the argv and environment llama-completion is started with, then runs the real one
+import json, os, sys
+if not {{"--version", "--list-devices"}} & set(sys.argv[1:]):
+    with open(os.environ["SHIM_LOG"], "a") as log:
+        log.write(json.dumps([sys.argv[1:], dict(os.environ)]) + "\\n")
+    for n in range(int(os.environ.get("SHIM_FLOOD", "0"))):  # at once, before the supervisor is imported
+        os.write(1, b"out %d\\n" % n)
+        os.write(2, b"err %d\\n" % n)
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "safe_llama", *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err, proc.pid
+
+
+def _ours(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("safe-llama:")]
+
+
+@pytest.fixture
+def shimmed(
+    tmp_path: Path, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "llama-completion"
+    shim.write_text(SHIM.format(python=sys.executable, real=str(llama_bin / "llama-completion")))
+    shim.chmod(0o755)
+    env = {
+        **clean_env,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "SAFE_LLAMA_BIN_DIR": str(bin_dir),
+        "SHIM_LOG": str(tmp_path / "shim.log"),
+    }
+    return env, ["completion", "-m", str(bundled_model), "-c", "512", "-n", "2", "-p", "hi", "-no-cnv", "--seed", "1"]
+
+
+def _logged(env: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    return [tuple(json.loads(line)) for line in Path(env["SHIM_LOG"]).read_text().splitlines()]
+
+
+def _plans(env: dict[str, str]) -> dict[str, int]:
+    folder = Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "plans"
+    return {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")}
+
+
+def _records(env: dict[str, str]) -> list[Path]:
+    return list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / early.FOLDER).glob("*.marshal"))
+
+
+@pytest.mark.slow
+def test_an_early_start_gives_the_child_what_a_full_launch_gives(
+    shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    env, args = shimmed
+    full = _run(args, env, tmp_path)
+    assert full[0] == 0, full[2][-2000:]
+    assert len(_records(env)) == 1
+    plans = _plans(env)
+    fast = _run(args, env, tmp_path)
+    assert fast[0] == 0, fast[2][-2000:]
+    assert _plans(env) == plans  # nothing planned nor remembered again: the record started it
+    (argv_full, env_full), (argv_fast, env_fast) = _logged(env)
+    assert argv_fast == argv_full and "-fit" in argv_full
+    assert env_full.pop(GUARD_ENV) == str(full[3]) and env_fast.pop(GUARD_ENV) == str(fast[3])
+    assert env_fast == env_full
+    assert _ours(fast[2]) == _ours(full[2]) and _ours(full[2])
+    assert fast[1] == full[1]  # the same seed: the same words, relayed
+
+
+@pytest.mark.slow
+def test_a_changed_input_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    plans = _plans(env)
+    changed = {**env, "LLAMA_ARG_BATCH": "64"}  # read by the planner: the record does not hold
+    assert _run(args, changed, tmp_path)[0] == 0
+    assert _plans(env) != plans  # planned and remembered again
+    assert _logged(env)[1][1]["LLAMA_ARG_BATCH"] == "64"
+
+
+@pytest.mark.slow
+def test_the_recursion_guard_still_refuses(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    code, _, err, _ = _run(args, {**env, GUARD_ENV: "1"}, tmp_path)
+    assert code == 127 and "started by safe-llama" in err
+    assert len(_logged(env)) == 1
+
+
+@pytest.mark.slow
+def test_no_remember_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    code, _, err, _ = _run(["--no-remember", *args], env, tmp_path)
+    assert code == 0, err[-2000:]
+    assert len(_records(env)) == 1  # a record for other words is not used, none is written for these
+
+
+@pytest.mark.slow
+def test_an_unusable_cache_takes_the_full_path(shimmed: tuple[dict[str, str], list[str]], tmp_path: Path) -> None:
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    record = _records(env)[0]
+    record.chmod(0o644 | 0o002)  # others may write it: not trusted
+    code, _, err, _ = _run(args, env, tmp_path)
+    assert code == 0, err[-2000:]
+    assert record.stat().st_mode & 0o077 == 0  # written again, by the full path
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    shim = bin_dir / "llama-completion"
+    shim.write_text(
+        f"#!/bin/sh\n# FAKE: an Intel-GPU OpenVINO llama.cpp build (see tests/fakes/fake_openvino_llama.py)\n"
+        f'exec {sys.executable} {ROOT / "tests" / "fakes" / "fake_openvino_llama.py"} "$@"\n'
+    )
+    shim.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.slow
+def test_a_memory_failure_of_an_early_start_retries_as_a_full_launch_does(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """The record started attempt 1, which failed for memory: the same lines, retries and exit code as a
+    launch without a record, and the record is dropped."""
+    model = write_metadata_gguf(tmp_path / "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "llama", LLAMA_3B)
+    env: dict[str, Any] = {
+        **clean_env,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
+        "FAKE_ARGV_LOG": str(tmp_path / "argv.log"),
+    }
+    args = ["completion", "-m", str(model), "-c", "4096", "-p", "Once", "-n", "8"]
+    first = _run(args, env, tmp_path)
+    assert first[0] == 0, first[2][-2000:]
+    assert len(_records(env)) == 1
+    failing = {**env, "FAKE_ALWAYS_FAIL": "1"}  # the fake's own switch: no input of the plan
+    from_record = _run(args, failing, tmp_path)
+    assert not _records(env)
+    cold = {**failing, "XDG_CACHE_HOME": str(tmp_path / "cold")}
+    assert _run(args, {**env, "XDG_CACHE_HOME": cold["XDG_CACHE_HOME"]}, tmp_path)[0] == 0  # same history
+    for record in _records(cold):
+        record.unlink()  # but no record: attempt 1 planned
+    from_plan = _run(args, cold, tmp_path)
+    assert from_record[0] == from_plan[0] != 0
+    assert _ours(from_record[2]) == _ours(from_plan[2])
+    assert any("attempt 1 failed" in line for line in _ours(from_record[2]))
+
+
+@pytest.mark.slow
+def test_an_exec_failure_of_a_record_s_binary_is_reported_by_the_full_path(
+    shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    shim = Path(env["SAFE_LLAMA_BIN_DIR"]) / "llama-completion"
+    os.chmod(shim, 0o644)
+    code, _, err, _ = _run(args, env, tmp_path)
+    assert code == 126 and "not executable" in err
+
+
+def test_the_host_figures_are_probe_host_s() -> None:
+    from safe_llama.device.probe_host import read_meminfo, read_rlimit_as
+
+    total, available = early.meminfo() or (0, 0)
+    probed = read_meminfo()
+    assert probed is not None and total == probed[0] and abs(available - probed[1]) < 1 << 30
+    assert early.address_space_unlimited() == (read_rlimit_as() is None)
+
+
+def test_a_record_someone_else_can_write_is_not_read(tmp_path: Path) -> None:
+    import marshal
+
+    from safe_llama.trust import SHAPES
+
+    def typed(kind: type | tuple[type, ...]) -> object:
+        first = kind[0] if isinstance(kind, tuple) else kind
+        return first()
+
+    record = {name: typed(kind) for name, kind in SHAPES["launch"].items()} | {"format": early.FORMAT}
+    path = tmp_path / "r.marshal"
+    path.write_bytes(marshal.dumps(record))
+    path.chmod(0o600)
+    assert early.load(str(path)) == record
+    path.chmod(0o620)
+    assert early.load(str(path)) is None
+    path.chmod(0o600)
+    path.write_bytes(marshal.dumps(record | {"format": early.FORMAT + 1}))
+    assert early.load(str(path)) is None
+    path.write_bytes(marshal.dumps(record))
+    link = tmp_path / "link.marshal"
+    link.symlink_to(path)
+    assert early.load(str(link)) is None
+
+
+def test_the_early_start_imports_nothing_heavy(tmp_path: Path) -> None:
+    """A lookup that finds no record costs the interpreter's start, a stat and hashlib (a few ms): signal
+    and the rest of the child's set-up come only with a record to start from."""
+    code = (
+        "import os, sys; before = set(sys.modules); from safe_llama.remembered import early; "
+        "early.start('safe-llama', ['completion', '-m', 'x'], os.environ); "
+        "print(sorted(m for m in set(sys.modules) - before if not m.startswith('safe_llama')))"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    heavy = {"enum", "signal", "subprocess", "dataclasses", "typing", "pathlib", "json", "re", "collections"}
+    assert not heavy & set(eval(done.stdout)), done.stdout  # noqa: S307 -- our own repr of a list
+
+
+@pytest.mark.slow
+def test_output_written_before_the_supervisor_is_imported_is_relayed_whole_and_in_order(
+    shimmed: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    """The child writes more than a pipe holds before the supervisor can read: it waits, nothing is lost."""
+    env, args = shimmed
+    assert _run(args, env, tmp_path)[0] == 0
+    plans = _plans(env)
+    count = 20000  # about 180 KiB on each stream
+    code, out, err, _ = _run(args, {**env, "SHIM_FLOOD": str(count)}, tmp_path)
+    assert code == 0 and _plans(env) == plans  # started early
+    lines = err.splitlines()
+    flood = [line for line in lines if line.startswith("err ")]
+    assert flood == [f"err {n}" for n in range(count)]
+    assert out.splitlines()[:count] == [f"out {n}" for n in range(count)]
+    assert lines.index(_ours(err)[0]) < lines.index("err 0")  # safe-llama's lines first, as before a spawn

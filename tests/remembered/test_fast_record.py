@@ -1,0 +1,379 @@
+"""Launch records: what a launch reads while it plans is all in its record, a change to any of it refuses the
+record, nothing secret is stored, and the least budget is the planner's own threshold.
+
+Every environment variable the plan reads is in the record by construction: the planning path takes the
+environment only as an argument (the launch passes the recording mapping), which
+test_the_planning_path_takes_the_environment_as_an_argument holds for every module of it.
+
+The launch runs for real in-process (options, binary lookup, probes of the real pinned llama.cpp, the
+planner) up to attempt 1's spawn, where supervise.supervise_child is replaced by a stand-in that reports the start
+ready: what is tested here is the planning window, not the child (test_early.py starts real children).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safe_llama.attempts import launch
+from safe_llama.process import supervise
+from safe_llama.process.startup import Outcome
+from safe_llama.remembered import early, fast_record
+from tests import ROOT
+from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
+
+ARGS = ["-c", "4096", "-n", "1", "-p", "hi", "-no-cnv"]
+# the packages and modules that plan: they may read the environment only through the mapping they are given
+PLANNING_PATH = ("model", "cmdline", "device", "plan", "diagnosis", "pipeline", "paths.py", "state.py", "constants.py")
+
+_audit_on: list[list[tuple[str, str]]] = []  # the list the hook appends to while a test listens
+_hook_installed: list[bool] = []
+
+
+def _test_audit(event: str, args: tuple[Any, ...]) -> None:
+    if _audit_on and event in ("open", "os.listdir", "os.scandir") and args:
+        where = args[0]
+        if isinstance(where, (str, bytes, os.PathLike)):
+            _audit_on[0].append((event, os.path.abspath(os.fsdecode(where))))
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, llama_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tmp = tmp_path
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        shutil.copy2(llama_bin / "llama-completion", self.bin / "llama-completion")
+        self.model = write_metadata_gguf(tmp_path / "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "llama", LLAMA_3B)
+        self.config = tmp_path / "config"
+        for name in [k for k in os.environ if k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_", "GGML_"))]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(self.config))
+        monkeypatch.setenv("SAFE_LLAMA_BIN_DIR", str(self.bin))
+        monkeypatch.chdir(tmp_path)
+        self.monkeypatch = monkeypatch
+        self.spawned: list[tuple[list[str], dict[str, str]]] = []
+        self.opened: list[tuple[str, str]] = []
+
+    @property
+    def args(self) -> list[str]:
+        return ["-m", str(self.model), *ARGS]
+
+    @property
+    def door_args(self) -> list[str]:
+        return ["completion", *self.args]
+
+    def launch(self, args: list[str] | None = None, *, watch: bool = False) -> int:
+        """run_launch() up to attempt 1's spawn, which is reported ready (the record is written then)."""
+        args = self.args if args is None else args
+        opened: list[tuple[str, str]] = []
+
+        def stand_in(argv: Any, env: Any, *, watcher: Any, probe: Any = None, **_: Any) -> Outcome:
+            _audit_on.clear()  # the window ends where attempt 1 starts
+            self.spawned.append(([str(a) for a in argv], dict(env)))
+            watcher.ready()
+            return Outcome(0, 0, True, None, False, None, (), 0, False)
+
+        self.monkeypatch.setattr(supervise, "supervise_child", stand_in)
+        if watch:
+            if not _hook_installed:
+                sys.addaudithook(_test_audit)
+                _hook_installed.append(True)
+            _audit_on[:] = [opened]
+        try:
+            code = launch.run_launch("completion", list(args), {}, door=("safe-llama", ["completion", *args]))
+        finally:
+            _audit_on.clear()
+        self.opened = opened
+        return code
+
+    def record_file(self, door_args: list[str] | None = None) -> Path:
+        door_args = self.door_args if door_args is None else door_args
+        hidden = fast_record.secret_options()
+        return Path(early.record_path(os.environ, early.key("safe-llama", door_args, os.getcwd(), hidden)))
+
+    def record(self) -> dict[str, Any]:
+        loaded = early.load(str(self.record_file()))
+        assert loaded is not None
+        return loaded
+
+    def valid(self) -> bool:
+        return early.still_valid(self.record(), os.environ)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, llama_bin: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    yield Setup(tmp_path, llama_bin, monkeypatch)
+
+
+def test_the_record_covers_every_file_opened(setup: Setup) -> None:
+    """An independent audit hook watched: a future planner input (a file read around the recorder) shows up
+    here as not covered."""
+    assert setup.launch(watch=True) == 0
+    record = setup.record()
+    by_identity = {path for path, _ in record["files"]}
+    by_content = {path for path, _ in record["contents"]}
+    missed = [
+        (event, path)
+        for event, path in setup.opened
+        if not path.endswith((".py", ".pyc"))
+        and path not in by_identity
+        and path not in by_content
+        and not (path in early.VOLATILE or os.path.basename(path) in early.VOLATILE)
+    ]
+    assert setup.opened and not missed
+    assert str(setup.model) in by_identity and str(setup.bin / "llama-completion") in by_identity
+    assert record["host"] is not None  # the RAM rule applies (no cgroup or address-space limit here)
+    names = {name for name, _ in record["env"]}
+    assert {"SAFE_LLAMA_BIN_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "LLAMA_ARG_CTX_SIZE"} <= names
+    assert early.still_valid(record, os.environ)
+
+
+def _reads_the_process_environment(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module reads os.environ or os.getenv (a default of os.environ included), outside an
+    `if __name__ == "__main__":` block (a module run as its own process: there the environment is its input)."""
+    found: list[tuple[int, int, str]] = []
+    main_blocks = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+    ]
+    skipped = {id(inner) for block in main_blocks for inner in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv", "getenvb"):
+            found.append((node.lineno, node.col_offset, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            names = [a.name for a in node.names if a.name.startswith(("environ", "getenv"))]
+            found += [(node.lineno, node.col_offset, f"from os import {name}") for name in names]
+    return [(line, text) for line, _, text in sorted(found)]
+
+
+def test_the_planning_path_takes_the_environment_as_an_argument() -> None:
+    """No module that plans reads the process's environment (nor defaults a parameter to it): the shell
+    (entry, cli, commands, run) hands it in, and a launch hands in the recording mapping, so a launch record
+    holds every variable the plan read, by construction."""
+    package = ROOT / "safe_llama"
+    modules = [
+        p
+        for part in PLANNING_PATH
+        for p in ([package / part] if part.endswith(".py") else (package / part).rglob("*.py"))
+    ]
+    assert len(modules) > 40
+    reads = {
+        str(path.relative_to(ROOT)): found
+        for path in modules
+        if (found := _reads_the_process_environment(ast.parse(path.read_text())))
+    }
+    assert reads == {}
+
+
+def test_the_scan_finds_each_way_of_reading_the_environment() -> None:
+    code = """
+import os
+from os import getenv
+def f(env=os.environ): return os.getenv("A"), os.environ.get("B")
+if __name__ == "__main__":
+    f(os.environ)
+"""
+    found = [text for _, text in _reads_the_process_environment(ast.parse(code))]
+    assert found == ["from os import getenv", "os.environ", "os.getenv", "os.environ"]
+
+
+def test_the_model_touched_refuses_the_record(setup: Setup) -> None:
+    setup.launch()
+    assert setup.valid()
+    os.utime(setup.model, ns=(1, 1))
+    assert not setup.valid()
+
+
+def test_the_binary_replaced_refuses_the_record(setup: Setup) -> None:
+    setup.launch()
+    assert setup.valid()
+    binary = setup.bin / "llama-completion"
+    data = binary.read_bytes()
+    binary.unlink()
+    binary.write_bytes(data)
+    binary.chmod(0o755)
+    assert not setup.valid()
+
+
+def test_a_config_file_created_or_changed_refuses_the_record(setup: Setup) -> None:
+    setup.launch()
+    assert setup.valid()
+    config = setup.config / "safe-llama" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[launcher]\nmin_ctx = 512\n")
+    assert not setup.valid()
+    setup.launch()
+    assert setup.valid()  # a record made under it
+    config.write_text("[launcher]\nmin_ctx = 1024\n")
+    assert not setup.valid()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("LLAMA_ARG_CTX_SIZE", id="llama.cpp's twin of an option"),
+        pytest.param("SAFE_LLAMA_LADDER", id="safe-llama's own setting"),
+        pytest.param("MALLOC_ARENA_MAX", id="a variable the planner reads"),
+        pytest.param("GGML_VK_VISIBLE_DEVICES", id="a backend variable (a prefix the probe scans)"),
+    ],
+)
+def test_an_input_variable_set_refuses_the_record(setup: Setup, name: str) -> None:
+    setup.launch()
+    assert setup.valid()
+    setup.monkeypatch.setenv(name, "2")
+    assert not setup.valid()
+    setup.monkeypatch.delenv(name)
+    assert setup.valid()
+    setup.monkeypatch.setenv("SOME_UNRELATED_VARIABLE", "1")
+    assert setup.valid()
+
+
+def test_a_budget_below_the_plan_s_need_refuses_the_record(setup: Setup) -> None:
+    setup.launch()
+    record = setup.record()
+    total, least = record["host"]
+    memory = early.meminfo()
+    assert memory is not None and memory[0] == total and least <= memory[1]
+    setup.monkeypatch.setattr(early, "meminfo", lambda: (total, least))
+    assert setup.valid()
+    setup.monkeypatch.setattr(early, "meminfo", lambda: (total, least - 1))
+    assert not setup.valid()
+    setup.monkeypatch.setattr(early, "meminfo", lambda: (total + 4096, least))
+    assert not setup.valid()  # another machine's memory
+    setup.monkeypatch.setattr(early, "meminfo", lambda: (total, least))
+    setup.monkeypatch.setattr(early, "address_space_unlimited", lambda: False)
+    assert not setup.valid()
+
+
+def test_the_least_budget_is_the_planner_s_own_threshold(setup: Setup) -> None:
+    """Planning under exactly the recorded least budget gives the recorded plan; a byte less does not."""
+    from safe_llama.cmdline import launch_args
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import final_argv, prepare, replan
+
+    setup.launch()
+    least = setup.record()["host"][1]
+    options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
+    prepared = prepare("completion", setup.args, os.environ, options)
+    at_least = replan(fast_record._under_ram(prepared, least), options, prepared.target.lessons, os.environ)
+    below = replan(fast_record._under_ram(prepared, least - 1), options, prepared.target.lessons, os.environ)
+    assert final_argv(at_least) == final_argv(prepared)
+    assert below.plan is None or final_argv(below) != final_argv(prepared)
+
+
+def test_a_plan_sized_by_the_budget_is_not_recorded(setup: Setup) -> None:
+    """No -c and 1 GiB available: the context is the largest that fits, so the plan moves with MemAvailable."""
+    from safe_llama.device import probe_host
+
+    memory = early.meminfo()
+    assert memory is not None
+    setup.monkeypatch.setattr(probe_host, "read_meminfo", lambda *_: (memory[0], 1 << 30))
+    args = ["-m", str(setup.model), "-n", "1", "-p", "hi", "-no-cnv"]
+    assert setup.launch(args) == 0
+    assert "-c" in setup.spawned[-1][0]  # the plan cut the context to fit
+    assert not setup.record_file(["completion", *args]).exists()
+    assert setup.launch() == 0  # the same budget, an explicit context that fits: recorded
+    assert setup.record_file().exists()
+
+
+def test_a_declared_budget_is_recorded_without_the_ram_rule(setup: Setup) -> None:
+    setup.launch(["-m", str(setup.model), *ARGS])
+    assert setup.record()["host"] is not None
+    door = ["--host-memory", "64G", "completion", *setup.args]
+    launch.run_launch("completion", setup.args, {"host_memory": "64G"}, door=("safe-llama", door))
+    declared = early.load(str(setup.record_file(door)))
+    assert declared is not None and declared["host"] is None
+
+
+def test_secrets_are_never_stored(setup: Setup) -> None:
+    """The argv holds positions of the user's words, never their text; a literal holding a secret stops it."""
+    secret = "argv-secret-3"  # noqa: S105 -- a test value whose absence is checked
+    setup.monkeypatch.setenv("HF_TOKEN", "env-secret-2")
+    setup.monkeypatch.setenv("LLAMA_API_KEY", "env-secret-1")
+    args = [*setup.args, "--api-key", secret]
+    setup.launch(args)
+    path = setup.record_file(["completion", *args])
+    raw = path.read_bytes()
+    assert secret.encode() not in raw and b"env-secret-2" not in raw and b"env-secret-1" not in raw
+    record = early.load(str(path))
+    assert record is not None
+    # a secret variable the planner looked at is held as set or not, not even as a digest of its value
+    assert ("HF_TOKEN", True) in record["env_present"]
+    assert "HF_TOKEN" not in {name for name, _ in record["env"]}
+    assert early.still_valid(record, os.environ)
+    setup.monkeypatch.setenv("HF_TOKEN", "another token")
+    assert early.still_valid(record, os.environ)
+    setup.monkeypatch.delenv("HF_TOKEN")
+    assert not early.still_valid(record, os.environ)
+    assert all(isinstance(word, int) for word in record["argv"] if word in args)
+    stored = [w for w in record["argv"] if isinstance(w, str)]
+    assert stored == ["-fit", "off"]
+
+
+def test_a_literal_holding_a_secret_stops_the_record(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that would write a secret's text into its own words (as a literal): no record."""
+    from safe_llama.pipeline import prepare
+
+    secret = "argv-secret-4"  # noqa: S105 -- a test value whose absence is checked
+    real = prepare.final_argv
+    monkeypatch.setattr(prepare, "final_argv", lambda p: [*real(p), f"--note={secret}"])
+    args = [*setup.args, "--api-key", secret]
+    setup.launch(args)
+    assert not setup.record_file(["completion", *args]).exists()
+    assert not any(secret.encode() in p.read_bytes() for p in (setup.tmp / "cache").rglob("*") if p.is_file())
+
+
+def test_no_record_without_remembering(setup: Setup) -> None:
+    setup.monkeypatch.setenv("SAFE_LLAMA_REMEMBER", "0")
+    setup.launch()
+    assert not setup.record_file().exists()
+
+
+def test_a_stray_line_on_stderr_stops_the_record(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    from safe_llama.pipeline import prepare
+
+    real = prepare.prepare
+
+    def noisy(*a: Any, **k: Any) -> Any:
+        sys.stderr.write("safe-llama: warning: ignoring corrupt cache file\n")
+        return real(*a, **k)
+
+    monkeypatch.setattr(prepare, "prepare", noisy)
+    setup.launch()
+    assert not setup.record_file().exists()
+
+
+def test_a_record_that_cannot_be_built_never_fails_the_launch(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug in the record")
+
+    monkeypatch.setattr(fast_record, "build", broken)
+    assert setup.launch() == 0
+    assert not setup.record_file().exists()
+
+
+def test_a_record_s_name_masks_secret_values() -> None:
+    """The file name hashes the words with every secret value masked: no digest of a key names a file, and
+    launches that differ only in a key share the record (the key itself comes from the words, by position)."""
+    hidden = fast_record.secret_options()
+    assert {"--api-key", "--api_key", "-hft", "--hf-token"} & hidden == {"--api-key", "-hft", "--hf-token"}
+    one = early.key("safe-llama", ["server", "-m", "x", "--api-key", "k1"], "/", hidden)
+    two = early.key("safe-llama", ["server", "-m", "x", "--api-key", "k2"], "/", hidden)
+    assert one == two != early.key("safe-llama", ["server", "-m", "y", "--api-key", "k1"], "/", hidden)
+    assert early.key("safe-llama", ["server", "--hf_token=a"], "/", hidden) == early.key(
+        "safe-llama", ["server", "--hf_token=b"], "/", hidden
+    )
+    assert early.key("safe-llama", ["server", "--api-key", "k1"], "/") != early.key(
+        "safe-llama", ["server", "--api-key", "k2"], "/"
+    )
