@@ -1,8 +1,8 @@
 """What a GGUF header means for memory: per-layer KV widths, sliding windows, recurrent state, weights.
 
 Owns ModelFacts and their assembly from one header: the architecture's rule (model.arch) applied by
-model.hparams, layer by layer, and the refusal of a model that cannot work (no width, an attending layer with
-no KV heads or head dimension, a non-finite number). Pure: reads no files except through load_model_facts, and does no KV
+model.hparams, layer by layer, and the refusal of a model that cannot work (no width, no heads or KV heads,
+a head dimension of 0, a NaN). Pure: reads no files except through load_model_facts, and does no KV
 arithmetic over context sizes (model.kv and the planner do).
 """
 
