@@ -33,7 +33,12 @@ class ExitStatus(enum.IntEnum):
     FAILED = 1, ("`explain`: no failure found in the log; `doctor`: a check failed; `install-shims`: a file was "
                  "left alone (otherwise: the child's own 1)")  # fmt: skip
     USAGE = 2, "bad safe-llama option or argument (e.g. `explain` on a log that cannot be read)", "all"
-    BAD_MODEL = 65, "model file missing, not GGUF, truncated or corrupt header", "launch"
+    BAD_MODEL = (
+        65,
+        "model file missing, not GGUF, truncated or corrupt header, a header over llama.cpp's caps or the 32 MiB "
+        "safe-llama keeps, or a model that cannot work (no heads, a head dimension of 0, a NaN)",
+        "launch",
+    )
     BAD_CONFIG = 66, "invalid config file (names the file and key) or device profile", "launch"
     NOTHING_FITS = 67, "nothing fits the device, even at the context floor (nothing launched)", "launch"
     RETRIES_EXHAUSTED = 68, "every retry failed with an allocation error"

@@ -1,12 +1,14 @@
 """What a GGUF header means for memory: per-layer KV widths, sliding windows, recurrent state, weights.
 
 Owns ModelFacts and their assembly from one header: the architecture's rule (model.arch) applied by
-model.hparams, layer by layer. Pure: reads no files except through load_model_facts, and does no KV
+model.hparams, layer by layer, and the refusal of a model that cannot work (no width, no heads or KV heads,
+a head dimension of 0, a NaN). Pure: reads no files except through load_model_facts, and does no KV
 arithmetic over context sizes (model.kv and the planner do).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -30,7 +32,7 @@ from safe_llama.model.hparams import (
 )
 from safe_llama.model.sparse import SparseMemory, read_sparse
 
-FACTS_SCHEMA = 4  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
+FACTS_SCHEMA = 5  # bump when ModelFacts changes, so cached facts from an older safe-llama are not trusted
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
     if arch is None:
         m.missing("general.architecture")
     m.arch = arch
+    _refuse_non_finite(m)
     name = m.string("general.name")
     shown = printable(arch, 60)
 
@@ -133,6 +136,8 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
     if not 0 < n_layer_all <= LLAMA_MAX_LAYERS:
         m.fail(f"key {printable(m.k('block_count'))} is {n_layer_all}, expected 1 to {LLAMA_MAX_LAYERS}")
     n_embd = m.uint(m.k("embedding_length"))
+    if n_embd == 0:
+        m.fail(f"key {printable(m.k('embedding_length'))} is 0, expected 1 or more")
     n_ctx_train = m.uint(m.k("context_length"))
     nextn = m.uint(m.k("nextn_predict_layers"), default=0)
     if nextn > n_layer_all:
@@ -252,6 +257,7 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         )
         for il in range(n_layer_all)
     )
+    _refuse_headless(m, rule.memory, head_count, head_count_kv, layers, is_swa, is_mla)
     if rule.loops:
         # each pass over the stack is a logical layer with its own KV (nanbeige load_arch_hparams)
         n_loops = m.uint(m.k("num_loops"), default=1)
@@ -303,6 +309,48 @@ def model_facts(header: GGUFHeader) -> ModelFacts:
         tensor_types=tuple(_type_name(t.ggml_type) for t in header.tensors),
         sparse=sparse,
     )
+
+
+def _refuse_non_finite(m: Meta) -> None:
+    """A NaN among the architecture's keys, or an infinite rope base, rope scale or norm epsilon: llama.cpp
+    loads it and computes garbage or dies, so the model cannot work. (An infinite bound elsewhere can be
+    meant: afmoe's kda.gate_lower_bound is -inf.)"""
+    prefix = m.k("")
+    for key, value in m.metadata.items():
+        if not key.startswith(prefix):
+            continue
+        must_be_finite = ".rope." in key[len(prefix) - 1 :] or "epsilon" in key
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, float) and (math.isnan(item) or (must_be_finite and math.isinf(item))):
+                m.fail(f"key {printable(key)} is {item}, expected a finite number")
+
+
+def _refuse_headless(
+    m: Meta,
+    memory: str,
+    head_count: tuple[int, ...],
+    head_count_kv: tuple[int, ...],
+    layers: tuple[LayerKV, ...],
+    is_swa: list[bool],
+    is_mla: bool,
+) -> None:
+    """An attention model without heads or KV heads, or a layer whose KV heads have a dimension of 0: llama.cpp
+    divides by them (and dies with no error line) or builds a 0-byte cache. One layer may lack heads or KV
+    heads (deci's attention-free and linear-attention layers; the recurrent layers of hybrids)."""
+    attending = [il for il, layer in enumerate(layers) if layer.has_kv and not layer.recurrent]
+    if memory == "kv" and attending:
+        for key, counts in (("attention.head_count", head_count), ("attention.head_count_kv", head_count_kv)):
+            if not any(counts[il] for il in attending):
+                m.fail(f"key {printable(m.k(key))} is 0 in every layer, expected 1 or more")
+    for il in attending:
+        if head_count[il] == 0 or head_count_kv[il] == 0:
+            continue
+        swa = "_swa" if is_swa[il] and m.k("attention.key_length_swa") in m.metadata else ""
+        for part, width in (("key", layers[il].n_embd_k_gqa), ("value", layers[il].n_embd_v_gqa)):
+            if width == 0 and not (part == "value" and is_mla):
+                key = m.k(f"attention.{part}_length{swa}")
+                given = "" if key in m.metadata else " (absent: embedding_length / head_count)"
+                m.fail(f"key {printable(key)}{given} is 0 for layer {il}, expected 1 or more")
 
 
 def _type_name(ggml_type: int) -> str:

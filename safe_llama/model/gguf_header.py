@@ -1,7 +1,9 @@
 """Reads a GGUF file's header (v2, v3, little-endian): key/value metadata and tensor infos, never tensor data.
 
 Owns the GGUF binary layout and its validation: every count and length is checked against the bytes left in
-the file before anything is allocated or looped over, and every failure is one GGUFError line. Must not
+the file and against llama.cpp's own caps before anything is allocated or looped over; what planning cannot use
+(long strings, long arrays) is skipped without being read, and what is kept is charged against one budget, so a
+header that declares gigabytes costs a bounded amount of memory. Every failure is one GGUFError line. Must not
 interpret the metadata (model_facts does that) nor import numpy or the gguf package (0.3 s).
 
 Over 400 lines on purpose: one binary format, one bounded reader; the value decoder, the reader's
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -29,18 +32,29 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT in ggml/include/gguf.h
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64  # a tensor name must be shorter than this (ggml.h), or gguf_init fails
-MAX_KEPT_NUMBERS = 65536  # longer numeric arrays (scores, token types) become SkippedArray
-MAX_KEPT_STRINGS = 1024  # longer string arrays (tokens, merges) become SkippedArray
+# llama.cpp's own caps (ggml/src/gguf.cpp): a longer string or array makes gguf_init fail, so it is refused here
+GGUF_MAX_STRING_LENGTH = 1 << 30
+GGUF_MAX_ARRAY_ELEMENTS = 1 << 30
+# What is kept. Planning reads short strings and arrays of at most one entry per layer (LLAMA_MAX_LAYERS, 512):
+# a longer value (a chat template, scores, token types, a vocabulary, merges) is skipped unread, its shape kept.
+MAX_KEPT_STRING = 1 << 16  # bytes of one string value, or of one string array's items together
+MAX_KEPT_NUMBERS = 1024  # items of one numeric array
+MAX_KEPT_STRINGS = 1024  # items of one string array
+MAX_KEY_LENGTH = 1 << 16  # a longer key name is refused: its value could not be told apart from another's
+# The memory the kept metadata and tensor infos may take, estimated as they are kept; a header above it is
+# refused. A real model keeps under 1 MiB (the bundled one 0.2 MiB; 10,000 tensor infos about 5 MiB).
+MAX_KEPT_BYTES = 32 << 20
+_KEY_COST = 200  # a key's two dict slots and str object, beyond its characters
+_NUMBER_COST = 32  # an int or float object and its tuple slot
+_TENSOR_COST = 600  # a TensorInfo, its shape, its name's set entry and the tuples on the way to it
 INT64_MAX = (1 << 63) - 1
 
 # Quantization sizes the installed gguf package gets wrong or lacks, taken from the pinned llama.cpp
 # (ggml/src/ggml-common.h block_q8_1 and block_q2_0): gguf 0.19.0 says 40 bytes for Q8_1 and has no Q2_0.
 _QUANT_SIZE_FIXES: dict[int, tuple[int, int]] = {9: (32, 36), 42: (64, 18)}
 
-MAX_STRING = 1 << 26  # a longer key, value or tensor name is refused rather than read (64 MiB)
-
 _CHUNK = 1 << 20  # bytes read at a time; the bundled model's header is about 6 MiB
-_MAX_WINDOW = 1 << 26  # the most read at once, however long an array claims to be
+_MAX_WINDOW = 1 << 23  # the most read at once, however long an array claims to be
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _ARRAY_HEAD = struct.Struct("<IQ")
@@ -54,8 +68,15 @@ class SkippedArray:
     count: int
 
 
+@dataclass(frozen=True)
+class SkippedString:
+    """A string value too long to keep (a chat template, a licence): only its length in bytes is known."""
+
+    length: int
+
+
 Scalar: TypeAlias = int | float | bool | str
-MetadataValue: TypeAlias = Scalar | tuple[Scalar, ...] | SkippedArray
+MetadataValue: TypeAlias = Scalar | tuple[Scalar, ...] | SkippedArray | SkippedString
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,7 @@ class GGUFHeader:
             return "integer"
         if isinstance(value, float):
             return "float32"
-        if isinstance(value, str):
+        if isinstance(value, str | SkippedString):
             return "string"
         if value is None:
             return "missing"
@@ -169,6 +190,7 @@ class _Reader:
         self.base = 0  # file offset of buf[0]
         self.pos = 0  # file offset of the next byte to read
         self.context = "the header"
+        self.kept = 0  # estimated bytes of memory kept so far (MAX_KEPT_BYTES)
 
     def fail(self, problem: str) -> NoReturn:
         raise GGUFError(self.path, problem)
@@ -178,6 +200,22 @@ class _Reader:
 
     def remaining(self) -> int:
         return self.size - self.pos
+
+    def keep(self, cost: int) -> None:
+        """Charge what is about to be kept against MAX_KEPT_BYTES; refuse the header above it."""
+        self.kept += cost
+        if self.kept > MAX_KEPT_BYTES:
+            self.fail(
+                f"header claims more than {MAX_KEPT_BYTES >> 20} MiB of metadata and tensor infos, the most "
+                f"safe-llama keeps (at {self.context}); real models need under 10 MiB"
+            )
+
+    def rewind(self, pos: int) -> None:
+        """Go back to an offset already read; the window is dropped when it does not hold it."""
+        if pos < self.base:
+            self.buf = b""
+            self.base = pos
+        self.pos = pos
 
     def _fill(self, n: int, want: int = 0) -> None:
         """Make the window start at pos and hold at least n bytes (and want bytes, if the file has them)."""
@@ -232,14 +270,32 @@ class _Reader:
         length = self.u64()
         if length > self.remaining():
             self.fail(f"string of {_count(length)} bytes at byte {start} exceeds the file ({self.context})")
+        if length > GGUF_MAX_STRING_LENGTH:
+            self.fail(
+                f"string of {length} bytes at byte {start} is over llama.cpp's limit of "
+                f"{GGUF_MAX_STRING_LENGTH} ({self.context})"
+            )
         return length
 
-    def string(self) -> str:
+    def string(self, limit: int = MAX_KEPT_STRING) -> str | SkippedString:
+        """A string up to limit bytes, decoded and charged; a longer one skipped unread."""
+        length = self.string_length()
+        if length > limit:
+            self.skip(length)
+            return SkippedString(length)
+        text = self.raw(length).decode("utf-8", errors="replace")
+        self.keep(sys.getsizeof(text))
+        return text
+
+    def name(self, limit: int, what: str) -> str:
+        """A key or tensor name of at most limit bytes; a longer one is refused before it is read."""
         start = self.pos
         length = self.string_length()
-        if length > MAX_STRING:
-            self.fail(f"string of {length} bytes at byte {start} is too long for metadata ({self.context})")
-        return self.raw(length).decode("utf-8", errors="replace")
+        if length > limit:
+            self.fail(f"{what} of {_count(length)} bytes at byte {start} is over the {limit} allowed ({self.context})")
+        text = self.raw(length).decode("utf-8", errors="replace")
+        self.keep(sys.getsizeof(text))
+        return text
 
     def skip(self, n: int) -> None:
         if n > self.remaining():
@@ -365,7 +421,8 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, MetadataValue], dic
     for i in range(n_kv):
         where = f"key {i + 1} of {n_kv}"
         r.context = where
-        key = r.string()
+        key = r.name(MAX_KEY_LENGTH, "key name")
+        r.keep(_KEY_COST)
         if not key:
             r.fail(f"{where} has an empty name")
         if key in metadata:
@@ -379,6 +436,7 @@ def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, MetadataValue], dic
             value = r.string()
         elif value_type in formats:
             scalar: Scalar = r.take(formats[value_type])[0]  # type: ignore[assignment]
+            r.keep(_NUMBER_COST)
             value = scalar
         else:
             r.fail(f"key {printable(key)} has invalid value type {value_type}")
@@ -396,10 +454,16 @@ def _read_array(
     if item_type == string_type:
         if count * 8 > r.remaining():
             r.fail(f"array {printable(key)} of {_count(count)} strings at byte {start} exceeds the file")
-        if count <= MAX_KEPT_STRINGS:
-            return tuple(r.string() for _ in range(count))
+        _array_cap(r, key, count, start)
+        items_at = r.pos
         r.skip_strings(count)
-        return SkippedArray(item_type, count)
+        if count > MAX_KEPT_STRINGS or r.pos - items_at - 8 * count > MAX_KEPT_STRING:
+            return SkippedArray(item_type, count)
+        # short enough to keep: read again, now that the walk has checked every length
+        r.rewind(items_at)
+        strings = tuple(str(r.string(limit=GGUF_MAX_STRING_LENGTH)) for _ in range(count))
+        r.keep(sys.getsizeof(strings))
+        return strings
     if item_type == array_type:
         r.fail(f"key {printable(key)} is an array of arrays, which llama.cpp does not accept")
     if item_type not in formats:
@@ -407,11 +471,21 @@ def _read_array(
     item = formats[item_type]
     if count * item.size > r.remaining():
         r.fail(f"array {printable(key)} of {_count(count)} items at byte {start} exceeds the file")
+    _array_cap(r, key, count, start)
     if count > MAX_KEPT_NUMBERS:
         r.skip(count * item.size)
         return SkippedArray(item_type, count)
+    r.keep(sys.getsizeof(()) + count * _NUMBER_COST)
     items: tuple[Scalar, ...] = r.take(struct.Struct(f"<{count}{item.format[1:]}"))  # type: ignore[assignment]
     return items
+
+
+def _array_cap(r: _Reader, key: str, count: int, start: int) -> None:
+    if count > GGUF_MAX_ARRAY_ELEMENTS:
+        r.fail(
+            f"array {printable(key)} of {count} items at byte {start} is over llama.cpp's limit of "
+            f"{GGUF_MAX_ARRAY_ELEMENTS}"
+        )
 
 
 def _alignment(r: _Reader, metadata: Mapping[str, MetadataValue], value_types: Mapping[str, int]) -> int:
@@ -436,9 +510,8 @@ def _read_tensor_infos(r: _Reader, n_tensors: int) -> list[_RawTensor]:
     dims_structs = [struct.Struct(f"<{n}Q") for n in range(GGML_MAX_DIMS + 1)]
     for i in range(n_tensors):
         r.context = f"tensor info {i + 1} of {n_tensors}"
-        name = r.string()
-        if len(name.encode()) >= GGML_MAX_NAME:
-            r.fail(f"tensor name {printable(name, 80)} is longer than llama.cpp's {GGML_MAX_NAME - 1} bytes")
+        r.keep(_TENSOR_COST)
+        name = r.name(GGML_MAX_NAME - 1, "tensor name")
         if name in seen:
             r.fail(f"duplicate tensor name {printable(name)}")
         seen.add(name)

@@ -10,7 +10,16 @@ from typing import NoReturn
 
 from safe_llama.model.arch import LLAMA_MAX_LAYERS, ArchRule, SwaRule
 from safe_llama.model.gguf_constants import constants
-from safe_llama.model.gguf_header import GGUFError, GGUFHeader, MetadataValue, SkippedArray, printable, value_type_name
+from safe_llama.model.gguf_header import (
+    MAX_KEPT_STRING,
+    GGUFError,
+    GGUFHeader,
+    MetadataValue,
+    SkippedArray,
+    SkippedString,
+    printable,
+    value_type_name,
+)
 
 
 class Meta:
@@ -38,6 +47,8 @@ class Meta:
         value = self.metadata.get(key)
         if value is None or isinstance(value, str):
             return value
+        if isinstance(value, SkippedString):
+            self.fail(f"key {printable(key)} is a string of {value.length} bytes, expected at most {MAX_KEPT_STRING}")
         self.wrong_type(key, "string")
 
     def uint(self, key: str, default: int | None = None) -> int:
