@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from safe_llama.backends.backend import AllocRule, parse_alloc_rules
 from safe_llama.backends.registry import ALLOC_RULES, BACKENDS, backend_named
 from safe_llama.cmdline import env_scan
 from safe_llama.cmdline.llama_args import CommandLine, parse
+from safe_llama.device.declared import check_profile_name
 from safe_llama.device.drivers import DEFAULT_ROOTS, ProbeRoots, driver_state
 from safe_llama.device.free_memory import free_figure, match_reading
 from safe_llama.device.host_budget import HostBudget, host_budget
@@ -105,9 +105,8 @@ def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
     return [config_dir(env) / "devices", configs_dir(env) / "devices"]
 
 
-def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
-    """keep_in: the cache folder for a profile of safe-llama's own folders (state.load_toml); None for one
-    named by its path."""
+def _read_profile(path: Path, keep_in: Path) -> DeviceProfile:
+    """keep_in: the cache folder that keeps its parsed form (state.load_toml)."""
     try:
         data = state.load_toml(path, keep_in)
     except (OSError, ValueError) as err:
@@ -116,9 +115,9 @@ def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
 
 
 def load_profile(name: str, env: Mapping[str, str]) -> DeviceProfile:
-    """A profile by name (configs/devices/<name>.toml, or the user's) or by path."""
-    if name.endswith(".toml") or os.sep in name:
-        return _read_profile(Path(name))
+    """A profile by name: the user's devices/<name>.toml, else configs/devices/<name>.toml. Never a path (a
+    name another user wrote must not open /etc/shadow): declared.check_profile_name refuses one."""
+    check_profile_name(name, "--profile")
     for directory in _profile_dirs(env):
         candidate = directory / f"{name}.toml"
         if candidate.is_file():
