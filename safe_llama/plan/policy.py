@@ -145,8 +145,8 @@ def whole(least: int, most: int, unit: str = "") -> Kind:
 
 
 def real(least: float, most: float, *, open_low: bool = False, open_high: bool = False) -> Kind:
-    low = "more than" if open_low else "from"
-    accepted = f"a number {low} {least:g} {'and less than' if open_high else 'to'} {most:g}"
+    low, to = ("more than", "and") if open_low else ("from", "to")
+    accepted = f"a number {low} {least:g} {to} {'less than ' if open_high else ''}{most:g}"
 
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
