@@ -2,7 +2,8 @@
 
 Owns path resolution from the environment, which every function takes as an argument (the shell passes
 os.environ or a launch's recording mapping: nothing here reads the process's own); must not create or read
-files (it may stat them to say which of two install places holds something). The rules themselves (XDG,
+files (it may stat them to say which of two install places holds something, or that SAFE_LLAMA_CONFIGS
+lacks one). The rules themselves (XDG,
 the packaged configs) are constants.py's, shared with the early start.
 
 Two places can hold the pinned llama.cpp build and the bundled model:
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from safe_llama import constants, trust
+from safe_llama.errors import ExitStatus, SafeLlamaError
 
 LLAMA_CPP_PINNED = "11434.0.0"
 SYSTEM_PREFIX = "/opt/safe-llama"
@@ -39,8 +41,28 @@ def system_prefix(env: Mapping[str, str]) -> Path:
     return Path(value) if value and os.path.isabs(value) else Path(SYSTEM_PREFIX)
 
 
+# The policy files read from configs_dir() (the rest stay the packaged ones): a SAFE_LLAMA_CONFIGS folder holds
+# every one, so a missing one is named at once rather than by whichever command first reads it. devices/ may lack.
+POLICY_FILES = ("planner.toml", "bundled-model.toml", "explain.toml", "own-lines.toml")
+
+
 def configs_dir(env: Mapping[str, str]) -> Path:
-    """The policy files in use: SAFE_LLAMA_CONFIGS, else the packaged ones."""
+    """The policy files in use: SAFE_LLAMA_CONFIGS, else the packaged ones. A SAFE_LLAMA_CONFIGS that is not a
+    folder holding POLICY_FILES is one line (exit 66), whichever command reads it."""
+    chosen = env.get("SAFE_LLAMA_CONFIGS")
+    if chosen:
+        where = f"safe-llama: SAFE_LLAMA_CONFIGS={chosen}"
+        if not os.path.isdir(chosen):
+            raise SafeLlamaError(
+                f"{where}: not a folder (a copy of the packaged {packaged_configs()} to change)", ExitStatus.BAD_CONFIG
+            )
+        lacking = [name for name in POLICY_FILES if not os.path.isfile(os.path.join(chosen, name))]
+        if lacking:
+            raise SafeLlamaError(
+                f"{where}: lacks {', '.join(lacking)} (it needs {', '.join(POLICY_FILES)}: copy them from "
+                f"{packaged_configs()})",
+                ExitStatus.BAD_CONFIG,
+            )
     return Path(constants.configs_root(env))
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from safe_llama.paths import (
     LLAMA_CPP_PINNED,
+    POLICY_FILES,
     bundled_model_dirs,
     cache_dir,
     config_dir,
@@ -45,8 +46,10 @@ def test_system_prefix(value: str, expected: str) -> None:
     assert system_prefix({"SAFE_LLAMA_PREFIX": value}) == Path(expected)
 
 
-def test_configs_dir_is_the_override_or_the_packaged_one() -> None:
-    assert configs_dir({"SAFE_LLAMA_CONFIGS": "/my/configs"}) == Path("/my/configs")
+def test_configs_dir_is_the_override_or_the_packaged_one(tmp_path: Path) -> None:
+    for name in POLICY_FILES:
+        (tmp_path / name).write_text("")
+    assert configs_dir({"SAFE_LLAMA_CONFIGS": str(tmp_path)}) == tmp_path
     assert configs_dir({}) == packaged_configs()
     assert (packaged_configs() / "planner.toml").is_file()
 

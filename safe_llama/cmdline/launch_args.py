@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from safe_llama.cmdline.own_options import LAUNCH, OPTIONS, read
+from safe_llama.cmdline.own_options import FALSE, LAUNCH, OPTIONS, TRUE, read
 from safe_llama.constants import TOOL_BINARY, TOOLS
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import cache_dir, config_dir
@@ -121,6 +121,11 @@ def resolve_sourced(given: Mapping[str, str], env: Mapping[str, str]) -> tuple[d
         if env.get(option.env, "") != "":
             out[key] = env[option.env]
             origins[key] = option.env
+            if option.kind == "flag" and out[key].strip().lower() not in TRUE + FALSE:
+                raise SafeLlamaError(
+                    f"safe-llama: {option.env}: {out[key][:40]!r} is not one of {', '.join(TRUE + FALSE)}",
+                    ExitStatus.USAGE,
+                )
     out.update(given)
     for key in given:
         origins.pop(key, None)

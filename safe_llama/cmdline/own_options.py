@@ -180,14 +180,15 @@ def read(command: str, args: list[str]) -> Reading:
     return Reading(settings, words, False)
 
 
-FALSE = ("0", "false", "no", "off")  # a flag's setting that says no, in any case; anything else says yes
+FALSE = ("0", "false", "no", "off")  # a flag's setting that says no, in any case
+TRUE = ("1", "true", "yes", "on")  # ...and yes: a SAFE_LLAMA_* flag set to anything else is refused (launch_args)
 
 
 def flag(settings: Mapping[str, str], key: str) -> bool | None:
     """A flag's setting as a truth value, however it was given (its option's flag_value, a SAFE_LLAMA_*
     variable, config.toml's true/false): the one reader of true and false. None when not given."""
     value = settings.get(key)
-    return None if value is None else value.lower() not in FALSE
+    return None if value is None else value.strip().lower() not in FALSE
 
 
 def integrated(settings: Mapping[str, str]) -> bool | None:

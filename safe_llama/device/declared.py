@@ -1,15 +1,34 @@
 """What the user declares about the device and the host instead of (or over) what the probes see: sizes from
-the command line, SAFE_LLAMA_* or the config file, and each RPC worker's budget (--rpc-memory).
+the command line, SAFE_LLAMA_* or the config file, a device profile's name, and each RPC worker's budget
+(--rpc-memory).
 
-Owns parsing that text into DeclaredLimits; a bad size is a usage error naming where it was set."""
+Owns parsing that text into DeclaredLimits; a bad size or profile name is a usage error naming where it was
+set. Must not read files (device.probing looks the profile up)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.units import parse_bytes
+
+SIZE_MOST = 1 << 50  # 1024T: more than any device, host or RPC worker this plans for
+# A profile is a name looked up in the profile folders (device.probing), never a path: no '/', no '..', no
+# leading dot, nothing a shell or a terminal would read differently.
+PROFILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
+def check_profile_name(name: str, where: str) -> str:
+    """name when it is a profile's name; else a one-line usage error naming where it was set."""
+    if PROFILE_NAME.fullmatch(name) and ".." not in name and not name.endswith(".toml"):
+        return name
+    raise SafeLlamaError(
+        f"safe-llama: {where}: {name[:64]!r} is not a profile name (letters, digits, '.', '_', '-'; not a path: "
+        "put your own profile in ~/.config/safe-llama/devices/NAME.toml and give NAME)",
+        ExitStatus.USAGE,
+    )
 
 
 def declared_limits(
@@ -30,16 +49,19 @@ def declared_limits(
         if text is None:
             return None
         option = where.get(option.removeprefix("--").replace("-", "_"), option)
+        accepted = "a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
         try:
-            value = parse_bytes(text)
-        except ValueError as err:
-            raise SafeLlamaError(f"safe-llama: {option}: {err}", ExitStatus.USAGE) from None
-        if value <= 0:
-            raise SafeLlamaError(f"safe-llama: {option}: must be more than 0", ExitStatus.USAGE)
+            value = parse_bytes(text) if len(text) <= 64 else 0
+        except ValueError:
+            value = 0
+        except OverflowError:  # more digits than a float holds
+            value = SIZE_MOST + 1
+        if not 0 < value <= SIZE_MOST:
+            raise SafeLlamaError(f"safe-llama: {option}: {text[:40]!r} is not {accepted}", ExitStatus.USAGE)
         return value
 
     return DeclaredLimits(
-        profile=profile,
+        profile=None if profile is None else check_profile_name(profile, where.get("profile", "--profile")),
         max_alloc_bytes=size("--max-alloc", max_alloc),
         memory_bytes=size("--device-memory", device_memory),
         integrated=integrated,

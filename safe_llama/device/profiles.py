@@ -8,13 +8,13 @@ machine (probing.py does) nor choose the device (target_device.py does).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from safe_llama import state
 from safe_llama.backends.backend import AllocRule, parse_alloc_rules
 from safe_llama.backends.registry import ALLOC_RULES
+from safe_llama.device.declared import check_profile_name
 from safe_llama.device.limits import DeviceProfile
 from safe_llama.device.target_device import parse_profile
 from safe_llama.errors import ExitStatus, SafeLlamaError
@@ -26,9 +26,8 @@ def _profile_dirs(env: Mapping[str, str]) -> list[Path]:
     return [config_dir(env) / "devices", configs_dir(env) / "devices"]
 
 
-def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
-    """keep_in: the cache folder for a profile of safe-llama's own folders (state.load_toml); None for one
-    named by its path."""
+def _read_profile(path: Path, keep_in: Path) -> DeviceProfile:
+    """keep_in: the cache folder that keeps its parsed form (state.load_toml)."""
     try:
         data = state.load_toml(path, keep_in)
     except (OSError, ValueError) as err:
@@ -37,9 +36,9 @@ def _read_profile(path: Path, keep_in: Path | None = None) -> DeviceProfile:
 
 
 def load_profile(name: str, env: Mapping[str, str]) -> DeviceProfile:
-    """A profile by name (configs/devices/<name>.toml, or the user's) or by path."""
-    if name.endswith(".toml") or os.sep in name:
-        return _read_profile(Path(name))
+    """A profile by name: the user's devices/<name>.toml, else configs/devices/<name>.toml. Never a path (a
+    name another user wrote must not open /etc/shadow): declared.check_profile_name refuses one."""
+    check_profile_name(name, "--profile")
     for directory in _profile_dirs(env):
         candidate = directory / f"{name}.toml"
         if candidate.is_file():

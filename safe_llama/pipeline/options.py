@@ -34,19 +34,25 @@ def plan_options(
     origins: Mapping[str, str] | None = None,
 ) -> PlanOptions:
     from safe_llama.device.declared import declared_limits
-    from safe_llama.plan.policy import STEPS
+    from safe_llama.plan.policy import CTX_MOST, STEPS
 
     steps = None
     if ladder is not None:
         steps = tuple(s.strip() for s in ladder.split(",") if s.strip())
         bad = [s for s in steps if s not in STEPS]
-        if bad:
+        if bad or not steps:
+            said = f"unknown step {_shown(bad[0])}" if bad else f"{_shown(ladder)} names no step"
             raise SafeLlamaError(
-                f"safe-llama: {_where('ladder', origins)}: unknown step '{bad[0]}' (one of {', '.join(STEPS)})",
+                f"safe-llama: {_where('ladder', origins)}: {said} (steps separated by commas, each one of "
+                f"{', '.join(STEPS)})",
                 ExitStatus.USAGE,
             )
-    if min_ctx is not None and min_ctx < 1:
-        raise SafeLlamaError(f"safe-llama: {_where('min_ctx', origins)}: must be at least 1", ExitStatus.USAGE)
+    if min_ctx is not None and not 1 <= min_ctx <= CTX_MOST:
+        raise SafeLlamaError(
+            f"safe-llama: {_where('min_ctx', origins)}: {min_ctx} is not a whole number of tokens from 1 to "
+            f"{CTX_MOST:,}",
+            ExitStatus.USAGE,
+        )
     declared = declared_limits(
         profile=profile,
         max_alloc=max_alloc,
@@ -66,20 +72,34 @@ def plan_options(
     )
 
 
+def _shown(text: str) -> str:
+    """A value as given, quoted, short and on one line, for an error (repr: no terminal escapes)."""
+    shown = repr(text)
+    return shown if len(shown) <= 42 else f"{shown[:39]}..."
+
+
+MOST_ATTEMPTS = 100  # a start that failed for memory 100 times will not fit on the 101st
+
+
 def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | None = None) -> LaunchOptions:
-    def number(key: str) -> int | None:
-        if key not in settings:
+    from safe_llama.plan.policy import CTX_MOST
+
+    def number(key: str, most: int, unit: str = "") -> int | None:
+        """A whole number from 1 to most, written in ASCII digits only (not "1e23", "1_0", "nan", "²")."""
+        text = settings.get(key)
+        if text is None:
             return None
-        try:
-            return int(settings[key])
-        except ValueError:
+        digits = text.strip()
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= len(str(most)) and 1 <= int(digits) <= most):
             raise SafeLlamaError(
-                f"safe-llama: {_where(key, origins)}: '{settings[key]}' is not a whole number", ExitStatus.USAGE
-            ) from None
+                f"safe-llama: {_where(key, origins)}: {_shown(text)} is not a whole number{unit} from 1 to {most:,}",
+                ExitStatus.USAGE,
+            )
+        return int(digits)
 
     plan = plan_options(
         ladder=settings.get("ladder"),
-        min_ctx=number("min_ctx"),
+        min_ctx=number("min_ctx", CTX_MOST, " of tokens"),
         profile=settings.get("profile"),
         max_alloc=settings.get("max_alloc"),
         device_memory=settings.get("device_memory"),
@@ -91,14 +111,10 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
         kv_split=None,
         origins=origins,
     )
-    attempts = number("attempts")
-    if attempts is None:
-        attempts = DEFAULT_ATTEMPTS
-    elif attempts < 1:
-        raise SafeLlamaError(f"safe-llama: {_where('attempts', origins)}: must be at least 1", ExitStatus.USAGE)
+    attempts = number("attempts", MOST_ATTEMPTS)
     return LaunchOptions(
         plan=plan,
         predict=own_options.flag(settings, "predict") is not False,
-        attempts=attempts,
+        attempts=DEFAULT_ATTEMPTS if attempts is None else attempts,
         remember=own_options.flag(settings, "remember") is not False,
     )

@@ -44,8 +44,14 @@ def test_sizes_are_read_in_binary_units() -> None:
     [("--max-alloc", "max_alloc"), ("--device-memory", "device_memory"), ("--host-memory", "host_memory")],
 )
 def test_a_bad_size_names_its_option(option: str, setting: str) -> None:
-    assert usage_error(**{setting: "lots"}) == f"safe-llama: {option}: 'lots' is not a size (e.g. 4294959104, 512M, 4G)"
-    assert usage_error(**{setting: "0"}) == f"safe-llama: {option}: must be more than 0"
+    assert (
+        usage_error(**{setting: "lots"})
+        == f"safe-llama: {option}: 'lots' is not a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
+    )
+    assert (
+        usage_error(**{setting: "0"})
+        == f"safe-llama: {option}: '0' is not a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
+    )
     assert usage_error(**{setting: "-1G"}).startswith(f"safe-llama: {option}: ")
 
 
@@ -55,7 +61,10 @@ def test_a_bad_size_names_where_it_was_set() -> None:
     assert err.value.message.startswith("safe-llama: SAFE_LLAMA_HOST_MEMORY: ")
     with pytest.raises(SafeLlamaError) as err:
         declared_limits(max_alloc="0", origins={"max_alloc": "config.toml max_alloc"})
-    assert err.value.message == "safe-llama: config.toml max_alloc: must be more than 0"
+    assert (
+        err.value.message
+        == "safe-llama: config.toml max_alloc: '0' is not a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
+    )
 
 
 def test_origins_are_kept_for_the_report() -> None:

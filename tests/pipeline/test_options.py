@@ -34,7 +34,9 @@ def test_nothing_set_is_the_defaults() -> None:
 def test_the_ladder_is_split_trimmed_and_checked() -> None:
     assert launch_options({"ladder": " ctx, kv-q8,,stateful "}).plan.ladder == ("ctx", "kv-q8", "stateful")
     message = usage({"ladder": "ctx,kv-q2,kv-q3"})
-    assert message.startswith("safe-llama: --ladder: unknown step 'kv-q2' (one of stateful, weights, kv-q8")
+    assert message.startswith(
+        "safe-llama: --ladder: unknown step 'kv-q2' (steps separated by commas, each one of stateful, weights, kv-q8"
+    )
 
 
 def test_every_plan_setting_reaches_the_plan_options() -> None:
@@ -72,40 +74,48 @@ def test_predict_and_remember_are_off_only_when_said_so(value: str, on: bool) ->
 def test_attempts_zero_is_an_error(value: str | None, expected: int | None) -> None:
     settings = {} if value is None else {"attempts": value}
     if expected is None:
-        assert usage(settings) == "safe-llama: --attempts: must be at least 1"
+        assert usage(settings) == f"safe-llama: --attempts: {value!r} is not a whole number from 1 to 100"
     else:
         assert launch_options(settings).attempts == expected
 
 
 def test_a_context_floor_below_one_is_an_error() -> None:
-    assert usage({"min_ctx": "0"}) == "safe-llama: --min-ctx: must be at least 1"
+    assert (
+        usage({"min_ctx": "0"}) == "safe-llama: --min-ctx: '0' is not a whole number of tokens from 1 to 2,147,483,647"
+    )
     assert launch_options({"min_ctx": "1"}).plan.min_ctx == 1
 
 
 def test_a_number_that_is_not_one_names_where_it_was_set() -> None:
-    assert usage({"min_ctx": "4k"}) == "safe-llama: --min-ctx: '4k' is not a whole number"
+    assert (
+        usage({"min_ctx": "4k"})
+        == "safe-llama: --min-ctx: '4k' is not a whole number of tokens from 1 to 2,147,483,647"
+    )
     assert usage({"attempts": "2.5"}, {"attempts": "SAFE_LLAMA_ATTEMPTS"}) == (
-        "safe-llama: SAFE_LLAMA_ATTEMPTS: '2.5' is not a whole number"
+        "safe-llama: SAFE_LLAMA_ATTEMPTS: '2.5' is not a whole number from 1 to 100"
     )
 
 
 def test_a_bad_ladder_or_count_names_the_variable_it_came_from() -> None:
     assert usage({"ladder": "ctx,bogus"}, {"ladder": "SAFE_LLAMA_LADDER"}).startswith(
-        "safe-llama: SAFE_LLAMA_LADDER: unknown step 'bogus' (one of "
+        "safe-llama: SAFE_LLAMA_LADDER: unknown step 'bogus' (steps separated by commas, each one of "
     )
     assert usage({"attempts": "0"}, {"attempts": "SAFE_LLAMA_ATTEMPTS"}) == (
-        "safe-llama: SAFE_LLAMA_ATTEMPTS: must be at least 1"
+        "safe-llama: SAFE_LLAMA_ATTEMPTS: '0' is not a whole number from 1 to 100"
     )
     assert (
         usage({"min_ctx": "0"}, {"min_ctx": "SAFE_LLAMA_MIN_CTX"})
-        == "safe-llama: SAFE_LLAMA_MIN_CTX: must be at least 1"
+        == "safe-llama: SAFE_LLAMA_MIN_CTX: '0' is not a whole number of tokens from 1 to 2,147,483,647"
     )
 
 
 def test_a_bad_size_names_where_it_was_set() -> None:
-    assert usage({"max_alloc": "4X"}) == "safe-llama: --max-alloc: '4X' is not a size (e.g. 4294959104, 512M, 4G)"
+    assert (
+        usage({"max_alloc": "4X"})
+        == "safe-llama: --max-alloc: '4X' is not a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
+    )
     assert usage({"host_memory": "0"}, {"host_memory": "SAFE_LLAMA_HOST_MEMORY"}) == (
-        "safe-llama: SAFE_LLAMA_HOST_MEMORY: must be more than 0"
+        "safe-llama: SAFE_LLAMA_HOST_MEMORY: '0' is not a size from 1 byte to 1024T (e.g. 4294959104, 512M, 4G)"
     )
     assert usage({"rpc_memory": "10.0.0.2=1G"}).startswith("safe-llama: --rpc-memory: '10.0.0.2=1G' is not HOST:PORT")
 
@@ -150,14 +160,17 @@ def test_option_over_variable_over_config_file(home: dict[str, str]) -> None:
 def test_a_bad_value_names_the_variable_or_the_config_file(home: dict[str, str]) -> None:
     with pytest.raises(SafeLlamaError) as err:
         resolved({}, {**home, "SAFE_LLAMA_MIN_CTX": "many"})
-    assert (err.value.status, err.value.message) == (2, "safe-llama: SAFE_LLAMA_MIN_CTX: 'many' is not a whole number")
+    assert (err.value.status, err.value.message) == (
+        2,
+        "safe-llama: SAFE_LLAMA_MIN_CTX: 'many' is not a whole number of tokens from 1 to 2,147,483,647",
+    )
     config = Path(home["XDG_CONFIG_HOME"]) / "safe-llama" / "config.toml"
     config.write_text('[launcher]\nmax_alloc = "lots"\n')
     with pytest.raises(SafeLlamaError) as err:
         resolved({}, home)
     assert err.value.status == 2
-    assert err.value.message == f"safe-llama: {config} [launcher] max_alloc: 'lots' is not a size (e.g. 4294959104, " \
-        "512M, 4G)"  # fmt: skip
+    assert err.value.message == f"safe-llama: {config} [launcher] max_alloc: 'lots' is not a size from 1 byte to " \
+        "1024T (e.g. 4294959104, 512M, 4G)"  # fmt: skip
     with pytest.raises(SafeLlamaError) as err:  # the option given over the file: the option is named
         resolved({"max_alloc": "more"}, home)
     assert err.value.message.startswith("safe-llama: --max-alloc: 'more' is not a size")
