@@ -83,6 +83,13 @@ AFTER_FAILED_STARTS = Message("{error} (after {failed} failed start(s))")
 NOTHING_FITS = Message("nothing fits: even at -c {ctx} with {type} KV, {detail}")
 # An RPC worker (attempts/launch.py)
 WORKER_GONE = Message("RPC worker {worker} stopped during the start and did not answer again within {wait} s")
+# The child stopped, continued, or killed with nothing naming the OOM killer (process/supervise.py, attempts/attempt.py)
+CHILD_STOPPED = Message(
+    "{tool} (pid {pid}) is stopped ({signal}): it does nothing until it gets SIGCONT (kill -CONT {pid}); "
+    "SIGTERM to safe-llama ends it"
+)
+CHILD_CONTINUED = Message("{tool} (pid {pid}) continued")
+KILLED_NO_EVIDENCE = Message("{tool} (pid {pid}) was killed by SIGKILL ({why})")
 # No llama.cpp binary (device/binaries.py)
 BINARY_NOT_FOUND = Message(
     "{name} not found (SAFE_LLAMA_BIN_DIR, PATH, {places}); build it with scripts/build-llama.sh or set "

@@ -10,6 +10,7 @@ attempt_loop.py's, the process handling supervise.py's.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from safe_llama.attempts.say import Say
+from safe_llama.messages import KILLED_NO_EVIDENCE
 from safe_llama.process.sdnotify import Notifier
 from safe_llama.units import human
 
@@ -78,8 +80,12 @@ def run_attempt(
         watcher=StartupWatcher(shared.table, on_ready),
         probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=started,
+        say=lambda line: shared.say(line, "warning"),
     )
     on_ready.stop_watchdog()
+    if outcome.killed_without_evidence is not None:  # a person's `kill -9`, or an OOM kill nothing names
+        why = outcome.killed_without_evidence
+        shared.say(KILLED_NO_EVIDENCE.text(tool=os.path.basename(argv[0]), pid=outcome.pid, why=why), "warning")
     if outcome.ready:
         notifier.stopping()
     return outcome

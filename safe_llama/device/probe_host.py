@@ -1,5 +1,5 @@
 """Host memory and the limits this process really runs under: RAM (/proc/meminfo, else psutil), cgroup memory,
-RLIMIT_AS.
+RLIMIT_AS; and whether a child's SIGKILL was the OOM killer's, on evidence that names it (OomWatch).
 
 Owns the only psutil import and the reading of /proc/self/cgroup and the cgroup filesystem (both roots
 are parameters, so tests pass a temporary tree). Must not decide a budget: target_device combines these.
@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from safe_llama.device.oom_counters import parse_meminfo, read_counters
+from safe_llama.device.oom_counters import (
+    KMSG,
+    group_members,
+    kernel_kill_line,
+    kernel_log_readable,
+    parse_meminfo,
+    read_counters,
+)
 
 # cgroup v1 says "no limit" with PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages).
 _V1_UNLIMITED = 1 << 62
@@ -177,6 +184,27 @@ def probe_host(
     )
 
 
+def memory_group(
+    *, proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> tuple[Path, str] | None:
+    """This process's memory cgroup and its file that counts the OOM kills of the group's own processes:
+    cgroup v2 memory.events (oom_kill), else v1's memory.oom_control (oom_kill, since Linux 4.13). The kernel
+    counts a kill in the victim's group whichever limit (the group's, a parent's, the machine's) ran out, so
+    the group's counter is the one that can name a child; a parent's rises for its other groups' kills too.
+    None: no memory controller."""
+    text = _read(proc_cgroup) or ""
+    entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    v2_path = next((path for hid, controllers, path in entries if hid == "0" and controllers == ""), None)
+    if v2_path is not None:
+        for base in (cgroup_root, cgroup_root / "unified"):
+            if (base / "cgroup.controllers").is_file() and (_own_dir(base, v2_path) / "memory.events").is_file():
+                return _own_dir(base, v2_path), "memory.events"
+    v1_path = next((path for _, controllers, path in entries if "memory" in controllers.split(",")), None)
+    if v1_path is not None and (cgroup_root / "memory" / "memory.oom_control").is_file():
+        return _own_dir(cgroup_root / "memory", v1_path), "memory.oom_control"
+    return None
+
+
 def oom_counter_sources(
     *,
     proc_cgroup: Path = Path("/proc/self/cgroup"),
@@ -184,31 +212,12 @@ def oom_counter_sources(
     vmstat: Path = Path("/proc/vmstat"),
 ) -> list[tuple[str, str | None]]:
     """Where the counters that rise when memory runs out are, as (file, field) for oom_counters.read_counters:
-    this process's cgroup and each parent (a parent's limit binds its children) and the whole machine.
-
-    cgroup v2 memory.events oom_kill; v1 memory.oom_control oom_kill and memory.failcnt (the limit was hit);
-    /proc/vmstat oom_kill (the kernel's OOM killer, no cgroup involved). The group's own first: the evidence
-    named is the first counter that rose, and the machine-wide one rises for any group's kill.
-    """
+    this process's memory cgroup's oom_kill (memory_group), and /proc/vmstat oom_kill last. Only the group's
+    can be evidence (OomWatch); the machine's rises for any process's kill and is only named beside it."""
     sources: list[tuple[str, str | None]] = []
-    text = _read(proc_cgroup) or ""
-    entries = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
-    places: list[tuple[Path, str, tuple[tuple[str, str | None], ...]]] = []
-    v2_path = next((path for hid, controllers, path in entries if hid == "0" and controllers == ""), None)
-    if v2_path is not None:
-        for base in (cgroup_root, cgroup_root / "unified"):
-            if (base / "cgroup.controllers").is_file():
-                places.append((base, v2_path, (("memory.events", "oom_kill"),)))
-    v1_path = next((path for _, controllers, path in entries if "memory" in controllers.split(",")), None)
-    if v1_path is not None:
-        places.append((cgroup_root / "memory", v1_path, (("memory.oom_control", "oom_kill"), ("memory.failcnt", None))))
-    for base, path, files in places:
-        directory = _own_dir(base, path)
-        while True:
-            sources.extend((str(directory / name), field) for name, field in files)
-            if directory == base or base not in directory.parents:
-                break
-            directory = directory.parent
+    group = memory_group(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+    if group is not None:
+        sources.append((str(group[0] / group[1]), "oom_kill"))
     sources.append((str(vmstat), "oom_kill"))
     return sources
 
@@ -223,10 +232,82 @@ def oom_counters(
     return read_counters(oom_counter_sources(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root, vmstat=vmstat))
 
 
-def oom_evidence(before: Mapping[str, int], after: Mapping[str, int]) -> str | None:
-    """Which counter rose between two oom_counters() readings, as words; None: no sign of memory running out."""
-    for name, value in after.items():
-        old = before.get(name)
-        if old is not None and value > old:
-            return f"{name} rose from {old} to {value}"
-    return None
+@dataclass(frozen=True)
+class OomWatch:
+    """What tells, once a child died of SIGKILL, whether the OOM killer killed it (evidence that names the
+    child), read when it started: its pid, the monotonic clock just before its start, the counters then, and
+    the name of its memory cgroup's counter when that group held this process and the child alone (the
+    launch's own group, as a systemd unit's is: a shared group's counter names none of its members)."""
+
+    pid: int
+    since: float
+    counters: Mapping[str, int]
+    group: str | None = None  # the group's folder, while it is the launch's own
+    group_counter: str | None = None  # its counter's name in `counters`
+
+    def evidence(self, after: Mapping[str, int], *, still_own: bool, kernel_line: str | None) -> str | None:
+        """The evidence that the OOM killer killed the child, in words; None: nothing names it. still_own: the
+        group holds this process alone now; kernel_line: the kernel's "Killed process PID" line for its pid."""
+        name = self.group_counter
+        if name is not None and still_own:
+            old, new = self.counters.get(name), after.get(name)
+            if old is not None and new is not None and new > old:
+                return f"{name} rose from {old} to {new}"
+        if kernel_line is not None:
+            return f"the kernel logged: {kernel_line}"
+        return None
+
+    def no_evidence(self, after: Mapping[str, int], *, still_own: bool, kernel_log: bool) -> str:
+        """Why a SIGKILL is not taken for the OOM killer's, in words: what was looked at, and a host-wide
+        counter that rose (a kill somewhere, which names no process)."""
+        group = "no cgroup of its own"
+        if self.group_counter is not None:
+            group = "its cgroup's oom_kill did not rise" if still_own else "its cgroup was shared by then"
+        kernel = f"no 'Killed process {self.pid}' in the kernel's log" if kernel_log else "the kernel's log unreadable"
+        words = f"no evidence of OOM: {group}, {kernel}"
+        for name, new in after.items():
+            old = self.counters.get(name)
+            if name != self.group_counter and old is not None and new > old:
+                words += f"; {name} rose from {old} to {new}, a kill anywhere on the host"
+                break
+        return words
+
+
+def watch_oom(
+    pid: int,
+    since: float,
+    counters: Mapping[str, int],
+    *,
+    members: set[int],
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+) -> OomWatch:
+    """The OomWatch of child pid, started at `since` with these counters; members: the processes the
+    launch's own group may hold (this process and the child)."""
+    group = memory_group(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+    if group is None:
+        return OomWatch(pid, since, counters)
+    folder, events = group
+    found = group_members(str(folder))
+    if found is None or not found <= members:
+        return OomWatch(pid, since, counters)
+    return OomWatch(pid, since, counters, str(folder), f"{folder / events} oom_kill")
+
+
+def judge_kill(
+    watch: OomWatch, after: Mapping[str, int], *, alone: set[int], kmsg: str = KMSG
+) -> tuple[str | None, str]:
+    """(evidence that the OOM killer killed the child, or None; the words when there is none), read now that it
+    died of SIGKILL: the group's counter where the group still holds only `alone` (this process), the kernel's
+    "Killed process PID" line for its pid (/dev/kmsg, where readable)."""
+    members = group_members(watch.group) if watch.group is not None else None
+    still_own = members is not None and members <= alone
+    kernel_line = kernel_kill_line(watch.pid, watch.since - _CLOCK_SLACK, kmsg)
+    found = watch.evidence(after, still_own=still_own, kernel_line=kernel_line)
+    if found is not None:
+        return found, ""
+    return None, watch.no_evidence(after, still_own=still_own, kernel_log=kernel_log_readable(kmsg))
+
+
+# The kernel's log timestamps and CLOCK_MONOTONIC part by a little (sched_clock against timekeeping).
+_CLOCK_SLACK = 1.0

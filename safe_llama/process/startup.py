@@ -35,6 +35,8 @@ class Outcome:
     used_pty: bool
     # killed by SIGKILL after it was ready while a memory counter rose (the OOM killer): the counter, in words
     killed_for_memory: str | None = None
+    # killed by SIGKILL not ours nor asked for, with no evidence that names it (probe_host.OomWatch): why, in words
+    killed_without_evidence: str | None = None
 
     @property
     def retry(self) -> bool:

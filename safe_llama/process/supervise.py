@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from safe_llama.constants import GUARD_ENV
-from safe_llama.device.probe_host import oom_counters, oom_evidence
+from safe_llama.device.probe_host import OomWatch, judge_kill, oom_counters, watch_oom
 from safe_llama.diagnosis.signatures import Failure
+from safe_llama.messages import CHILD_CONTINUED, CHILD_STOPPED
 from safe_llama.process.channels import Child
 from safe_llama.process.fork_exec import Started, block_watched, forwardable, terminal_foreground
 from safe_llama.process.readiness import ProbeThread, ReadinessProbe
@@ -83,7 +84,10 @@ class _Supervisor:
         self.child_stopped_by_us = False
         self.last_forward: tuple[int, float] = (0, 0.0)
         self.memory_counters: Callable[[], Mapping[str, int]] = oom_counters
-        self.counters_before: Mapping[str, int] = {}
+        self.oom_watch: OomWatch | None = None
+        self.say: Callable[[str], None] | None = None  # safe-llama's own lines (a stopped child)
+        self.stop_said = False  # the child's stop was said (a SIGSTOP not ours): its SIGCONT is said too
+        self.stop_kill_at: float | None = None  # a stop asked of a stopped child: SIGKILL then if it still runs
 
     def _terminal_foreground(self) -> int | None:
         """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
@@ -103,17 +107,21 @@ class _Supervisor:
             self.foreground_fd = None
 
     def spawn(self, started: Started | None) -> None:
+        since = time.monotonic()
         if started is not None:  # attempt 1 started early (early.py), with the same set-up
-            self.counters_before = started.counters_before
+            counters: Mapping[str, int] = started.counters_before
             self.child.adopt(started)
             if started.foreground:
                 self.foreground_fd = self.child.stdin_fd
-            return
-        self.counters_before = self.memory_counters()
-        foreground = self._terminal_foreground()
-        self.child.start(foreground)
-        if foreground is not None:
-            self._give_foreground()
+        else:
+            counters = self.memory_counters()
+            foreground = self._terminal_foreground()
+            self.child.start(foreground)
+            if foreground is not None:
+                self._give_foreground()
+        assert self.child.proc is not None
+        pid = self.child.proc.pid
+        self.oom_watch = watch_oom(pid, since, counters, members={os.getpid(), pid})
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -178,6 +186,8 @@ class _Supervisor:
                 deadlines.append(self.failing_since + self.stop_grace)
             if self.term_sent_at is not None and not self.kill_sent:
                 deadlines.append(self.term_sent_at + self.kill_after)
+            if self.stop_kill_at is not None and not self.kill_sent:
+                deadlines.append(self.stop_kill_at)
         else:
             deadlines.append(now + DRAIN_IDLE)
         if not deadlines:
@@ -238,6 +248,9 @@ class _Supervisor:
             self.probe_thread.halt()
 
     def _timers(self, now: float) -> None:
+        if self.stop_kill_at is not None and not self.kill_sent and now >= self.stop_kill_at:
+            self._send(signal.SIGKILL)
+            self.kill_sent = True
         if self.failing_since is None or self.child.proc is None:
             return
         if self.term_sent_at is None and now >= self.failing_since + self.stop_grace:
@@ -278,6 +291,19 @@ class _Supervisor:
             self._send(info.signo)
             self.forwarded.append(info.signo)
             self.last_forward = (info.signo, now)
+            if info.signo in STOP_SIGNALS:
+                self._end_stopped()
+
+    def _end_stopped(self) -> None:
+        """A stop was asked and the child is stopped (a SIGSTOP not ours): the signal waits in its queue until
+        SIGCONT, so it gets SIGCONT now, and SIGKILL if it has not ended kill_after seconds later."""
+        proc = self.child.proc
+        if proc is None or self.returncode is not None or self.stop_kill_at is not None or self.child_stopped_by_us:
+            return
+        if not (self.stop_said or is_stopped(proc.pid)):
+            return
+        self.stop_kill_at = time.monotonic() + self.kill_after
+        self._signal_child_group(signal.SIGCONT)
 
     def _resize(self) -> None:
         if self.child.terminal is not None and self.child.master is not None:
@@ -317,23 +343,41 @@ class _Supervisor:
         if proc is None or self.returncode is not None:
             return
         try:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG | (0 if self.use_pty else os.WUNTRACED))
+            pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
         except ChildProcessError:
             return
         if pid == 0:
             return
         if os.WIFSTOPPED(status):
-            # The terminal's ^Z (or a read from it in the background) stopped the child's group: stop as
-            # well, so the shell sees the job stopped and gets its terminal back. A plain SIGSTOP (a user's
-            # `kill -STOP`, a debugger) is not job control: safe-llama keeps running (and systemd's watchdog
-            # pings pause while /health does not answer).
-            terminal_stop = os.WSTOPSIG(status) in TERMINAL_STOPS
-            if terminal_stop and not self.child_stopped_by_us and is_stopped(pid):
-                self._stop_self()
+            self._stopped(pid, os.WSTOPSIG(status))
+            return
+        if os.WIFCONTINUED(status):
+            if self.stop_said and self.say is not None:
+                self.say(CHILD_CONTINUED.text(tool=self._tool(), pid=pid))
+            self.stop_said = False
             return
         self.returncode = os.waitstatus_to_exitcode(status)
         proc.returncode = self.returncode
         self._take_foreground()
+
+    def _stopped(self, pid: int, signo: int) -> None:
+        """The child stopped. The terminal's ^Z (or a read from it in the background) in pipe mode stopped
+        its group: stop as well, so the shell sees the job stopped and gets its terminal back. Any other stop
+        not ours (a user's `kill -STOP`, a debugger) is not job control: safe-llama keeps running and says it
+        (systemd's watchdog pings pause while /health does not answer); a stop asked before goes on."""
+        if self.child_stopped_by_us or not is_stopped(pid):  # ours, or undone by a SIGCONT already
+            return
+        if signo in TERMINAL_STOPS and not self.use_pty:
+            self._stop_self()
+            return
+        if not self.stop_said and self.say is not None:
+            self.say(CHILD_STOPPED.text(tool=self._tool(), pid=pid, signal=signal.Signals(signo).name))
+        self.stop_said = True
+        if self.user_stop is not None:
+            self._end_stopped()
+
+    def _tool(self) -> str:
+        return os.path.basename(self.child.argv[0])
 
     # -- the end -------------------------------------------------------------------------------------
 
@@ -341,14 +385,14 @@ class _Supervisor:
         assert self.child.proc is not None and self.returncode is not None
         failure: Failure | None = None
         stopped_by_us = self.term_sent_at is not None
+        evidence, no_evidence = None, None
+        if self.user_stop is None and self.returncode == -signal.SIGKILL and not self.kill_sent:
+            assert self.oom_watch is not None
+            evidence, why = judge_kill(self.oom_watch, self.memory_counters(), alone={os.getpid()})
+            no_evidence = None if evidence is not None else why
         if not self.ready and self.user_stop is None:
-            evidence = None
-            if self.returncode == -signal.SIGKILL and not self.kill_sent:
-                evidence = oom_evidence(self.counters_before, self.memory_counters())
             failure = self.watcher.conclude(None if stopped_by_us else self.returncode, evidence)
-        killed_for_memory = None
-        if self.ready and self.user_stop is None and self.returncode == -signal.SIGKILL and not self.kill_sent:
-            killed_for_memory = oom_evidence(self.counters_before, self.memory_counters())
+        killed_for_memory = evidence if self.ready else None
         return Outcome(
             exit_code=exit_code_for(self.returncode),
             returncode=self.returncode,
@@ -360,6 +404,7 @@ class _Supervisor:
             pid=self.child.proc.pid,
             used_pty=self.use_pty,
             killed_for_memory=killed_for_memory,
+            killed_without_evidence=no_evidence,
         )
 
     def cleanup(self) -> None:
@@ -389,6 +434,7 @@ def supervise_child(
     kill_after: float = 5.0,
     memory_counters: Callable[[], Mapping[str, int]] | None = None,
     started: Started | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -397,9 +443,12 @@ def supervise_child(
     exit by itself, then SIGTERM, then SIGKILL after kill_after more. Call from the main thread of a
     process with no other threads that might take the forwarded signals. A binary that is missing or
     not executable raises SafeLlamaError (127 / 126), with no child left behind. memory_counters: what
-    tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters).
-    started: the child already running on pipes (early.py started it with argv and env, its watched
-    signals blocked since), supervised from here on.
+    tells an OOM kill from a user's SIGKILL (default: the cgroup's and the kernel's OOM counters; only
+    evidence naming the child counts, see probe_host.OomWatch). started: the child already running on
+    pipes (early.py started it with argv and env, its watched signals blocked since), supervised from here
+    on. say: where a stop of the child (SIGSTOP) and its SIGCONT are said, as they happen. A stop asked
+    (SIGTERM, SIGINT, SIGHUP, SIGQUIT) while the child is stopped gets it SIGCONT, and SIGKILL kill_after
+    seconds later if it has not ended: safe-llama never waits on a stopped child.
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -407,6 +456,7 @@ def supervise_child(
     pty_mode = started is None and (use_pty if use_pty is not None else os.isatty(stdin_fd) and os.isatty(stdout_fd))
     child = Child(args, {**env, GUARD_ENV: str(os.getpid())}, use_pty=pty_mode, fds=(stdin_fd, stdout_fd, stderr_fd))
     supervisor = _Supervisor(child, watcher, probe, stop_grace, kill_after)
+    supervisor.say = say
     if memory_counters is not None:
         supervisor.memory_counters = memory_counters
     watched, old_mask = block_watched(pty_mode)

@@ -155,14 +155,19 @@ def test_no_mem_available_falls_back_to_psutil(tmp_path: Path) -> None:
 
 
 def test_oom_counters_and_evidence(tmp_path: Path) -> None:
-    from safe_llama.device.probe_host import oom_counters, oom_evidence
+    """Only the group's own counter is read with the machine's, and only the group's names a child: a parent's
+    rises for its other groups' kills, the machine's for any process's."""
+    from safe_llama.device.probe_host import oom_counters, watch_oom
 
     proc_cgroup = tmp_path / "cgroup"
     proc_cgroup.write_text("4:memory:/a/b\n0::/\n")
+    (tmp_path / "fs" / "memory").mkdir(parents=True)
+    (tmp_path / "fs" / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 9\n")
     leaf = tmp_path / "fs" / "memory" / "a" / "b"
     leaf.mkdir(parents=True)
     (leaf / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
     (leaf / "memory.failcnt").write_text("3\n")
+    (leaf / "cgroup.procs").write_text("100\n101\n")
     (leaf.parent / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 1\noom_kill 7\n")
@@ -171,12 +176,21 @@ def test_oom_counters_and_evidence(tmp_path: Path) -> None:
         return oom_counters(proc_cgroup=proc_cgroup, cgroup_root=tmp_path / "fs", vmstat=vmstat)
 
     before = read()
-    assert before[f"{leaf}/memory.oom_control oom_kill"] == 0
-    assert before[f"{leaf.parent}/memory.oom_control oom_kill"] == 5  # a parent's limit binds us too
-    assert before[f"{vmstat} oom_kill"] == 7
-    assert oom_evidence(before, read()) is None
+    own = f"{leaf}/memory.oom_control oom_kill"
+    assert before == {own: 0, f"{vmstat} oom_kill": 7}  # no parent, no failcnt (a limit hit is no kill)
+    roots = {"proc_cgroup": proc_cgroup, "cgroup_root": tmp_path / "fs"}
+    watch = watch_oom(101, 0.0, before, members={100, 101}, **roots)
+    assert (watch.group, watch.group_counter) == (str(leaf), own)
+    assert watch_oom(101, 0.0, before, members={100}, **roots).group_counter is None  # shared: names no one
     (leaf.parent / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 6\n")
-    assert oom_evidence(before, read()) == f"{leaf.parent}/memory.oom_control oom_kill rose from 5 to 6"
-    # the kernel counts the kill machine-wide as well: the evidence named is the group's own counter
     vmstat.write_text("nr_free_pages 1\noom_kill 8\n")
-    assert oom_evidence(before, read()) == f"{leaf.parent}/memory.oom_control oom_kill rose from 5 to 6"
+    assert watch.evidence(read(), still_own=True, kernel_line=None) is None  # a parent's and the machine's
+    assert watch.no_evidence(read(), still_own=True, kernel_log=False) == (
+        "no evidence of OOM: its cgroup's oom_kill did not rise, the kernel's log unreadable; "
+        f"{vmstat} oom_kill rose from 7 to 8, a kill anywhere on the host"
+    )
+    (leaf / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert watch.evidence(read(), still_own=True, kernel_line=None) == f"{own} rose from 0 to 1"
+    assert watch.evidence(read(), still_own=False, kernel_line=None) is None  # another member's kill
+    line = "Memory cgroup out of memory: Killed process 101 (llama-server)"
+    assert watch.evidence(read(), still_own=False, kernel_line=line) == f"the kernel logged: {line}"
