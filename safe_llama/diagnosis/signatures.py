@@ -337,8 +337,9 @@ def classify(matches: Sequence[Match], returncode: int | None, *, oom_evidence: 
 
     returncode follows subprocess: N for exit(N), -N for death by signal N, None when the child was
     still running and was stopped because an allocation error had been printed. None is returned for a
-    clean exit (0) or a still-running child with nothing to report. oom_evidence: a memory counter that
-    rose while the child ran (probe_host.oom_evidence), the only sign that a SIGKILL was the OOM killer's.
+    clean exit (0) or a still-running child with nothing to report. oom_evidence: the evidence that
+    named the child while it ran (probe_host.OomWatch: its own group's counter, or the kernel's line for its pid),
+    the only sign that a SIGKILL was the OOM killer's.
 
     Rules, in order: the first alloc or not_memory line printed decides (a generic line, an assertion,
     never does: an alloc line anywhere after it still does); else a generic line is not memory; else

@@ -82,7 +82,7 @@ class StartupWatcher:
 
     def conclude(self, returncode: int | None, oom_evidence: str | None = None) -> Failure | None:
         """The child ended before readiness (returncode None: we stopped it): what failed, if anything.
-        oom_evidence: the memory counter that rose while it ran, if one did."""
+        oom_evidence: what names it as the OOM killer's victim (probe_host.OomWatch), if anything does."""
         if self._table is None:
             return None
         for scanner in self._scanners.values():
