@@ -1,7 +1,7 @@
 """The shipped units as systemd scores them (`systemd-analyze security --offline=true`, issue 33): both at an
 exposure of 3.5 or less, while the devices a GPU needs stay reachable (/dev/dri, /dev/kfd, /dev/nvidia*) and
 nothing that breaks llama.cpp is set (PrivateDevices= hides the GPUs; MemoryDenyWriteExecute= stops the JIT of
-Mesa's llvmpipe and OpenVINO's CPU plugin). The guest test (tests/run/test_systemd_guest.py) runs the hardened
+Mesa's llvmpipe and OpenVINO's CPU plugin). The guest test (tests/attempts/test_systemd_guest.py) runs the hardened
 server unit under a real systemd and serves a request."""
 
 from __future__ import annotations
