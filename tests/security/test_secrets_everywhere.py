@@ -108,3 +108,18 @@ def test_an_api_key_on_the_command_line_is_warned_of(planted: dict[str, str]) ->
     assert "--api-key on the command line is visible to every user (ps)" in out and leaks(out) == []
     env_only = safe_llama(["plan", "server"], {**planted, "LLAMA_API_KEY": "SEKRITenv14"})
     assert "visible to every user" not in env_only
+
+
+@pytest.mark.slow  # a real llama-completion start
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_launchs_lines_and_its_records_mask_every_secret(
+    planted: dict[str, str], bundled_model: Path, llama_bin: Path, tmp_path: Path, log_format: str
+) -> None:
+    tokens = ["-hft", "hf_SEKRITshort4", "--hf-token", "hf_SEKRITlong15"]  # llama.cpp takes no --opt=value
+    env = {**planted, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "SAFE_LLAMA_LOG_FORMAT": log_format}
+    out = safe_llama(["completion", "-m", str(bundled_model), "-p", "hi", "-n", "1", "-no-cnv", *tokens], env)
+    again = safe_llama(["completion", "-m", str(bundled_model), "-p", "hi", "-n", "1", "-no-cnv", *tokens], env)
+    assert "safe-llama" in out and leaks(out + again) == [], out
+    stored = [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]
+    assert stored
+    assert [str(p) for p in stored if leaks(p.read_bytes().decode("latin-1"))] == []
