@@ -71,3 +71,12 @@ def mask_values(words: Sequence[str], hidden: Collection[str], mask: str) -> lis
         elif spelled in hidden and i + 1 < len(out):
             out[i + 1] = mask
     return out
+
+
+def scrub(text: str, values: Collection[str], mask: str) -> str:
+    """text with every occurrence of each secret value masked (longest first: one secret may hold another);
+    a value shorter than 3 characters is left alone, as it would mask unrelated words and numbers."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= 3:
+            text = text.replace(value, mask)
+    return text

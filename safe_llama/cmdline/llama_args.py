@@ -375,6 +375,21 @@ def redact_argv(argv: Sequence[str], tool: str = "server") -> list[str]:
     return mask_values(argv, secrets(tool).options, REDACTED)
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+def secret_env(name: str) -> bool:
+    """Whether the variable `name` holds a secret (configs/secrets.toml: its names and fragments)."""
     found = secrets()
-    return {k: (REDACTED if k in found.env or any(f in k for f in found.env_fragments) else v) for k, v in env.items()}
+    return name in found.env or any(fragment in name for fragment in found.env_fragments)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if secret_env(k) else v) for k, v in env.items()}
+
+
+def secret_values(argv: Sequence[str], tool: str = "server", env: Mapping[str, str] | None = None) -> set[str]:
+    """The secrets themselves: the values of the secret options in argv (`--api-key K`, `--api-key=K`, every
+    spelling) and of the secret variables in env; for scrubbing them from text that quotes them anywhere."""
+    found = {v for k, v in (env or {}).items() if v and secret_env(k)}
+    for word, shown in zip(argv, redact_argv(argv, tool), strict=True):
+        if shown != word:
+            found.add(word.partition("=")[2] if shown.endswith(f"={REDACTED}") else word)
+    return found - {""}

@@ -90,6 +90,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--refresh",), "refresh", ("devices", "doctor"), "flag", "", "ignore cached probe results", flag_value="1"),
     Option(("--model", "-m"), "model", ("explain",), "text", "PATH", "the model, for an exact plan"),
     Option(("--tool",), "tool", ("explain",), "text", "TOOL", "cli, server or completion, if the log hides it"),
+    Option(("--follow",), "follow", ("explain",), "flag", "",
+           "keep reading a stream (journalctl -f): explain each failure once the log goes quiet", flag_value="1"),
     Option(("--dir",), "dir", ("install-shims",), "text", "DIR",
            "where to put the links (root: /usr/local/bin, else ~/.local/bin)"),
     Option(("--remove",), "remove", ("install-shims",), "flag", "", "remove the links this command made",

@@ -1,7 +1,9 @@
 """`safe-llama explain`: a llama.cpp log in; what failed, why, and what would fit (as command lines) out.
 
-Owns the explanation (the failure in plain words, why, the remedies chosen) and its rendering as text or JSON;
-the log is read by diagnosis.log_reading, the words are diagnosis.explain_words', the remedies diagnosis.remedies' and
+Owns the explanation (the failure in plain words, why, the remedies chosen), its rendering as text or JSON
+(every secret of the failed run masked) and the reading of its input (a file or a stream, a chunk at a time
+into diagnosis.log_reading's LogReader: memory bounded whatever the log's size; --follow). The failed run is
+diagnosis.failed_run's, the words diagnosis.explain_words', the remedies diagnosis.remedies' and
 diagnosis.number_remedies'. Pure but for `run_explain` and the command's runner `main` at the bottom, which
 read the log and the model's GGUF header; must not probe this machine (no llama.cpp, no OpenCL or sysfs: the
 log's machine is the one planned for), load a model, or hold planning policy (configs/planner.toml does).
@@ -13,21 +15,25 @@ together; every rule they apply lives in diagnosis/.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+import select
+import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from safe_llama.cmdline.launch_args import check_tool
-from safe_llama.cmdline.llama_args import parse
+from safe_llama.cmdline.llama_args import REDACTED, parse, redact_argv, redact_env, secret_values
 from safe_llama.cmdline.own_options import TOOL_HINT, flag
-from safe_llama.constants import TOOL_BINARY
+from safe_llama.constants import TOOL_BINARY, scrub
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.explain_words import Words, fill, load_words
-from safe_llama.diagnosis.log_reading import STDOUT_ERROR, FailedRun, LogFacts, LogReading, failed_run, read_log
+from safe_llama.diagnosis.failed_run import FailedRun, failed_run
+from safe_llama.diagnosis.log_reading import STDOUT_ERROR, LogFacts, LogReader, LogReading
 from safe_llama.diagnosis.number_remedies import number_remedies, per_token_words
 from safe_llama.diagnosis.own_lines import OwnTable, load_own_table
 from safe_llama.diagnosis.own_outcome import own_exit, recovered, where_words
@@ -311,9 +317,9 @@ def _unsigned(reading: LogReading, run: FailedRun, words: Words, source: str, no
 # ---------------------------------------------------------------------------------------------------
 
 
-def to_json(expl: Explanation) -> str:
+def to_json(expl: Explanation, *, indent: int | None = 1) -> str:
     body = dataclasses.asdict(expl)
-    return json.dumps({"schema": 1, **body, "exit_code": expl.exit_code}, indent=1, default=str)
+    return json.dumps({"schema": 1, **body, "exit_code": expl.exit_code}, indent=indent, default=str)
 
 
 def render_text(expl: Explanation) -> str:
@@ -358,16 +364,90 @@ def render_text(expl: Explanation) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _read_input(file: str, stdin: Any) -> str:
+CHUNK = 1 << 20  # bytes read at a time: with the reader's bounded summary, explain's memory whatever the log's size
+FIFO_WAIT_S = 5.0  # how long a named FIFO may stay without a writer before explain gives up on it
+FOLLOW_IDLE_S = 2.0  # --follow: a failure is explained once its log has been quiet this long
+USAGE = "safe-llama explain [--json] [--follow] [-m MODEL] [--tool TOOL] [LOG|-] [LLAMA.CPP ARGS...]"
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
+
+
+def _refuse(name: str, why: str) -> SafeLlamaError:
+    # a log that cannot be read is a bad argument (2), not a bad model (65)
+    return SafeLlamaError(f"safe-llama: explain: {name}: {why}", ExitStatus.USAGE)
+
+
+def _stdin_fd(stdin: Any) -> int | None:
     try:
-        if file == "-":
-            data: bytes = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read()
-        else:
-            data = Path(file).read_bytes()
+        return int(stdin.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def _chunks(file: str, stdin: Any, *, idle_s: float | None, wait_s: float) -> Iterator[bytes]:
+    """The log's bytes, CHUNK at a time, from a regular file or a stream (stdin as `-`, a pipe, a named FIFO
+    with a writer); with idle_s, b"" each time nothing new came for idle_s seconds. Refused with one line:
+    stdin a terminal (the usage instead), a device, a directory, a FIFO no process writes to."""
+    if file == "-":
+        fd = _stdin_fd(stdin)
+        if fd is None:  # a file object given by a caller (tests)
+            source = stdin.buffer if hasattr(stdin, "buffer") else stdin
+            while chunk := source.read(CHUNK):
+                yield chunk if isinstance(chunk, bytes) else chunk.encode()
+            return
+        if os.isatty(fd):
+            raise _refuse("stdin", f"a terminal, not a log: give a log file, or pipe one in (usage: {USAGE})")
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind not in ("a regular file", "a FIFO", "a socket"):
+            raise _refuse("stdin", f"{kind}, not a log: give a log file, or pipe one in (usage: {USAGE})")
+        yield from _read_fd(fd, idle_s)
+        return
+    try:
+        # non-blocking: opening a FIFO nobody writes to would wait forever
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
-        # a log that cannot be read is a bad argument (2), not a bad model (65)
-        raise SafeLlamaError(f"safe-llama: explain: {file}: {err.strerror or err}", ExitStatus.USAGE) from None
-    return data.decode("utf-8", errors="replace")
+        raise _refuse(file, err.strerror or str(err)) from None
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind == "a FIFO":
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(wait_s * 1000):
+                raise _refuse(
+                    file, f"a FIFO no process wrote to in {wait_s:g} s: give a log file, or pipe the log into `-`"
+                )
+        elif kind != "a regular file":
+            raise _refuse(file, f"{kind}, not a log: give a log file, or pipe a stream into `safe-llama explain -`")
+        os.set_blocking(fd, True)
+        yield from _read_fd(fd, idle_s)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, idle_s: float | None) -> Iterator[bytes]:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        if idle_s is not None and not poller.poll(idle_s * 1000):
+            yield b""
+            continue
+        try:
+            chunk = os.read(fd, CHUNK)
+        except OSError as err:
+            raise _refuse("stdin" if fd == 0 else str(fd), err.strerror or str(err)) from None
+        if not chunk:
+            return
+        yield chunk
 
 
 def _model_inputs(
@@ -405,6 +485,39 @@ def own_words(table: OwnTable) -> dict[str, Mapping[str, str]]:
     return {entry.id: entry.words for entry in table.patterns}
 
 
+def redacted_text(expl: Explanation, text: str) -> str:
+    """A rendering of expl with every secret of the failed run masked wherever it shows: the values of its
+    secret options (explain's arguments, the command line the log quotes) and secret variables, in its
+    command lines, notes and the log's quoted lines alike (in JSON, as JSON spells them too)."""
+    run, log = expl.run, expl.log
+    values = secret_values(run.args, run.tool, run.env) | secret_values(
+        log.command_args, log.command_tool or run.tool, log.command_env
+    )
+    spelled = {json.dumps(value)[1:-1] for value in values}
+    return scrub(text, values | spelled, REDACTED)
+
+
+def redacted(expl: Explanation) -> Explanation:
+    """expl with the failed run's secret options and variables masked in its own fields."""
+    run, log = expl.run, expl.log
+    return replace(
+        expl,
+        run=replace(run, args=tuple(redact_argv(run.args, run.tool)), env=redact_env(run.env)),
+        log=replace(
+            log,
+            command_args=tuple(redact_argv(log.command_args, log.command_tool or run.tool)),
+            command_env=redact_env(log.command_env),
+        ),
+    )
+
+
+def rendered(expl: Explanation, json_out: bool, *, lines: bool = False) -> str:
+    """expl as printed: text, JSON (one line each with `lines`, as --follow prints), secrets masked."""
+    shown = redacted(expl)
+    text = (to_json(shown, indent=None if lines else 1) + "\n") if json_out else render_text(shown)
+    return redacted_text(expl, text)
+
+
 def run_explain(
     *,
     file: str,
@@ -412,31 +525,63 @@ def run_explain(
     model: str | None = None,
     tool: str | None = None,
     json_out: bool = False,
+    follow: bool = False,
     env: Mapping[str, str] = os.environ,
     stdin: Any = None,
     out: TextIO | None = None,
+    wait_s: float = FIFO_WAIT_S,
+    idle_s: float = FOLLOW_IDLE_S,
 ) -> int:
-    """`safe-llama explain`: read, explain, print; the exit code (0 explained, 1 nothing recognised)."""
-    from safe_llama.diagnosis.signatures import load_table
+    """`safe-llama explain`: read, explain, print; the exit code (0 explained, 1 nothing recognised). The log
+    streams through a LogReader: memory stays bounded whatever its size. With follow, each failure is
+    explained once the stream has been quiet for idle_s seconds after it (and at its end), then reading
+    starts afresh; the exit code is the last explanation's (1 when there was none)."""
+    from safe_llama.diagnosis.signatures import Lines, load_table
     from safe_llama.paths import config_dir, configs_dir
     from safe_llama.plan.policy import load_policy
 
-    text = _read_input(file, sys.stdin if stdin is None else stdin)
     table = load_table(Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None)
     words = load_words(configs_dir(env) / "explain.toml")
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml")
     own_table = load_own_table(configs_dir(env) / "own-lines.toml")
-    reading = read_log(text, table, own_table)
-    run = failed_run(reading.facts, args=args, model=model, tool=tool)
-    prepared = note = None
-    if reading.failure is not None and reading.failure.memory:
-        prepared, note = _model_inputs(run, reading, policy, env)
-    expl = explain(
-        reading, run, words, policy, source=file, prepared=prepared, model_note=note, own_words=own_words(own_table)
-    )
     stream = sys.stdout if out is None else out
-    stream.write(to_json(expl) + "\n" if json_out else render_text(expl))
-    return expl.exit_code
+    chunks = _chunks(file, sys.stdin if stdin is None else stdin, idle_s=idle_s if follow else None, wait_s=wait_s)
+    reader, lines = LogReader(table, own_table), Lines()
+
+    def explained(reading: LogReading) -> Explanation:
+        run = failed_run(reading.facts, args=args, model=model, tool=tool)
+        prepared = note = None
+        if reading.failure is not None and reading.failure.memory:
+            prepared, note = _model_inputs(run, reading, policy, env)
+        return explain(
+            reading, run, words, policy, source=file, prepared=prepared, model_note=note, own_words=own_words(own_table)
+        )
+
+    if not follow:
+        for chunk in chunks:
+            for line in lines.feed(chunk):
+                reader.feed(line)
+        for line in lines.close():
+            reader.feed(line)
+        expl = explained(reader.reading())
+        stream.write(rendered(expl, json_out))
+        return expl.exit_code
+    code = int(ExitStatus.FAILED)
+    for chunk in chunks:
+        for line in lines.feed(chunk):
+            reader.feed(line)
+        if not chunk and reader.failed:
+            expl = explained(reader.reading())
+            stream.write(rendered(expl, json_out, lines=True) + ("" if json_out else "\n"))
+            stream.flush()
+            code, reader = expl.exit_code, LogReader(table, own_table)
+    for line in lines.close():
+        reader.feed(line)
+    if reader.failed:
+        expl = explained(reader.reading())
+        stream.write(rendered(expl, json_out, lines=True))
+        code = expl.exit_code
+    return code
 
 
 def main(settings: Mapping[str, str], words: list[str]) -> int:
@@ -449,4 +594,5 @@ def main(settings: Mapping[str, str], words: list[str]) -> int:
         model=settings.get("model"),
         tool=None if tool is None else check_tool(tool, TOOL_HINT),
         json_out=bool(flag(settings, "json")),
+        follow=bool(flag(settings, "follow")),
     )

@@ -1,5 +1,5 @@
 """Diagnosis: what a failed start says and what would have let it fit. Recognising llama.cpp's failure
-lines (signatures, from configs/signatures.toml), reading a failed start's whole log (log_reading,
+lines (signatures, from configs/signatures.toml), reading a failed start's whole log (log_reading, failed_run,
 own_lines, own_outcome), the remedies from a plan or from a log's numbers (remedies, number_remedies) and
 their plain words (words, from configs/explain.toml).
 

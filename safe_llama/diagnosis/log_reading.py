@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from safe_llama.backends.registry import gpu_marks, log_marks
-from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
-from safe_llama.cmdline.memory_flags import BY_FIELD, changes_of
-from safe_llama.cmdline.request import to_request
+from safe_llama.cmdline.llama_args import parse
 from safe_llama.device.llama_listing import parse_list_devices
 from safe_llama.diagnosis.own_lines import OwnLine, OwnTable, own_text
-from safe_llama.diagnosis.signatures import ESCAPES, MAX_LINE, Failure, Match, SignatureTable, classify, clean_line
-from safe_llama.errors import SafeLlamaError
-from safe_llama.model.kv import resolve_context
+from safe_llama.diagnosis.signatures import (
+    ESCAPES,
+    MAX_LINE,
+    Failure,
+    Match,
+    SignatureTable,
+    classify,
+    clean_line,
+)
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _LEVEL = re.compile(r"(?:\d+\.\d\d\.\d{3}\.\d{3} |^)(?P<level>[IWED]) ")
@@ -151,89 +156,151 @@ def parse_command(line: str) -> tuple[str, tuple[str, ...], dict[str, str]] | No
     return tool, parse(tool, tokens, {}).known_argv, env
 
 
-def read_log(text: str, table: SignatureTable, own_table: OwnTable | None = None) -> LogReading:
-    """Everything explain needs from a log's text. Leading lines starting with '#' are a person's notes
-    (as in tests/fixtures/logs/): they are never matched against signatures, only read for a command line.
-    safe-llama's own lines are named by own_table and never matched as llama.cpp's (a retry line quotes
-    llama.cpp's failure)."""
-    own_table = own_table or OwnTable()
-    own: list[OwnLine] = []
-    started_line: int | None = None
-    lines = _NEWLINE.split(text)
-    found: dict[str, Any] = {}
-    matches: list[Match] = []
-    errors: list[str] = []
-    abort = refused = None
-    available: tuple[tuple[str, str], ...] = ()
-    phase: str | None = None
-    phase_at_failure: str | None = None
-    tools: set[str] = set()
-    backends: list[tuple[str, str]] = []
-    annotations = 0
-    while annotations < len(lines) and lines[annotations].startswith("#"):
-        command = parse_command(lines[annotations][1:])
-        if command is not None:
-            found["command"] = (*command, "the log's header comment")
-        if (limit := _ULIMIT_V.search(lines[annotations])) is not None:
-            found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} in the header comment")
-        annotations += 1
-    for number, raw in enumerate(lines[annotations:], start=annotations + 1):
+# What a reader keeps of a log however long it is: each category's first matches (the first alloc or
+# not_memory line decides), the first error lines, safe-llama's last own lines, and the lines after an
+# OpenVINO refusal that list its devices. Lines are cut at MAX_LINE: memory is bounded by these, not the log.
+KEEP_MATCHES = 64  # per category
+KEEP_ERRORS = 64
+KEEP_OWN = 256
+_DEVICE_LIST_LINES = 20
+
+
+class LogReader:
+    """Reads a log one line at a time (`feed`), keeping a bounded summary; `reading()` is what it says so
+    far, at any point (a stream followed for days included). Leading lines starting with '#' are a
+    person's notes (as in tests/fixtures/logs/): they are never matched against signatures, only read for
+    a command line. safe-llama's own lines are named by own_table and never matched as llama.cpp's (a
+    retry line quotes llama.cpp's failure)."""
+
+    def __init__(self, table: SignatureTable, own_table: OwnTable | None = None) -> None:
+        self._table = table
+        self._own_table = own_table or OwnTable()
+        self.lines = 0  # lines fed
+        self._heading = True  # still in the leading '#' notes
+        self._annotations = 0
+        self._own: deque[OwnLine] = deque(maxlen=KEEP_OWN)
+        self._started_line: int | None = None
+        self._found: dict[str, Any] = {}
+        self._matches: list[Match] = []
+        self._per_category: dict[str, int] = {}
+        self._errors: list[str] = []
+        self._abort: str | None = None
+        self._refused: str | None = None
+        self._refusal_lines: list[str] | None = None  # the lines after a refusal, until the device list is read
+        self._available: tuple[tuple[str, str], ...] = ()
+        self._phase: str | None = None
+        self._phase_at_failure: str | None = None
+        self._tools: set[str] = set()
+        self._backends: dict[str, str] = {}  # backend -> the first line that named it, in order
+
+    def feed(self, raw: str) -> None:
+        """One line of the log (without its newline)."""
+        self.lines += 1
+        number = self.lines
+        if self._heading and raw.startswith("#"):
+            command = parse_command(raw[1:])
+            if command is not None:
+                self._found["command"] = (*command, "the log's header comment")
+            if (limit := _ULIMIT_V.search(raw)) is not None:
+                self._found["ulimit"] = (
+                    int(limit.group("kib")) * 1024,
+                    f"ulimit -v {limit.group('kib')} in the header comment",
+                )
+            self._annotations += 1
+            return
+        self._heading = False
+        if self._refusal_lines is not None:
+            self._refusal_lines.append(raw[:MAX_LINE])
+            if len(self._refusal_lines) > _DEVICE_LIST_LINES:
+                self._read_device_list()
         line = clean_line(raw[:MAX_LINE])
         if not line:
-            continue
+            return
         said = own_text(line)
         if said is not None:
-            own.append(own_table.match(said, number))
-            continue
+            self._own.append(self._own_table.match(said, number))
+            return
         for name, pattern in _PHASES:
             if pattern.search(line):
-                phase = name
-        match = table.match_line(line)
+                self._phase = name
+        match = self._table.match_line(line)
         if match is not None:
-            if match.category in ("alloc", "not_memory") and phase_at_failure is None:
-                phase_at_failure = phase or "none"
-            matches.append(match)
+            if match.category in ("alloc", "not_memory") and self._phase_at_failure is None:
+                self._phase_at_failure = self._phase or "none"
+            if self._per_category.get(match.category, 0) < KEEP_MATCHES:
+                self._per_category[match.category] = self._per_category.get(match.category, 0) + 1
+                self._matches.append(match)
         level = _level(raw)
         aborted = _ABORT.match(line)
         stdout_error = STDOUT_ERROR.search(line)
-        if level == "E" or aborted:
-            errors.append(line)
-        elif stdout_error:
-            errors.append(stdout_error.group(0))
-        if aborted and abort is None:
-            abort = aborted.group("msg")
+        if len(self._errors) < KEEP_ERRORS and (level == "E" or aborted):
+            self._errors.append(line)
+        elif len(self._errors) < KEEP_ERRORS and stdout_error:
+            self._errors.append(stdout_error.group(0))
+        if aborted and self._abort is None:
+            self._abort = aborted.group("msg")
         refusal = _OPENVINO_REFUSED.search(line)
-        if refusal and refused is None:
-            listed = parse_list_devices("", "\n".join(lines[number - 1 : number + 20]))
-            refused, available = refusal.group("device"), listed.openvino_available
-        _read_facts(line, number, found)
+        if refusal and self._refused is None:
+            self._refused, self._refusal_lines = refusal.group("device"), [raw[:MAX_LINE]]
+        _read_facts(line, number, self._found)
         if _STARTED.search(line):
-            started_line = number
-        tools.update(name for name, pattern in _TOOL_MARKS if pattern.search(line))
-        backends.extend((name, f"line {number}") for name, pattern in _BACKEND_MARKS if pattern.search(line))
+            self._started_line = number
+        self._tools.update(name for name, pattern in _TOOL_MARKS if pattern.search(line))
+        for name, pattern in _BACKEND_MARKS:
+            if name not in self._backends and pattern.search(line):
+                self._backends[name] = f"line {number}"
         if level is None and not match:
             command = parse_command(line)
             if command is not None:
-                found["command"] = (*command, f"the command line on line {number}")
+                self._found["command"] = (*command, f"the command line on line {number}")
             if (limit := _ULIMIT_V.search(line)) is not None:
-                found["ulimit"] = (int(limit.group("kib")) * 1024, f"ulimit -v {limit.group('kib')} on line {number}")
-    facts = _facts(found, tools, backends, annotations)
-    failure = classify(matches, None)
-    return LogReading(
-        facts=facts,
-        matches=tuple(matches),
-        failure=failure,
-        # what the deciding line itself says it was for (a KV tensor's name) over the phase it came in
-        stage=(failure.stage or _PHASE_STAGE.get(phase_at_failure or ""))
-        if failure is not None and failure.memory
-        else None,
-        abort=abort,
-        refused_device=refused,
-        available_devices=available,
-        error_lines=tuple(errors),
-        own=tuple(own),
-        started_line=started_line,
-    )
+                self._found["ulimit"] = (
+                    int(limit.group("kib")) * 1024,
+                    f"ulimit -v {limit.group('kib')} on line {number}",
+                )
+
+    def _read_device_list(self) -> None:
+        if self._refusal_lines is not None:
+            self._available = parse_list_devices("", "\n".join(self._refusal_lines)).openvino_available
+            self._refusal_lines = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the log so far shows something to explain: a failure line, an abort, an error line, an
+        OpenVINO refusal, safe-llama's own exit."""
+        return bool(classify(self._matches, None) or self._abort or self._errors or self._refused) or any(
+            o.exit is not None for o in self._own
+        )
+
+    def reading(self) -> LogReading:
+        """What the log says so far."""
+        if self._refusal_lines is not None:  # so far, the log ends within the device list
+            self._available = parse_list_devices("", "\n".join(self._refusal_lines)).openvino_available
+        matches = tuple(self._matches)
+        failure = classify(matches, None)
+        return LogReading(
+            facts=_facts(self._found, self._tools, list(self._backends.items()), self._annotations),
+            matches=matches,
+            failure=failure,
+            # what the deciding line itself says it was for (a KV tensor's name) over the phase it came in
+            stage=(failure.stage or _PHASE_STAGE.get(self._phase_at_failure or ""))
+            if failure is not None and failure.memory
+            else None,
+            abort=self._abort,
+            refused_device=self._refused,
+            available_devices=self._available,
+            error_lines=tuple(self._errors),
+            own=tuple(self._own),
+            started_line=self._started_line,
+        )
+
+
+def read_log(text: str, table: SignatureTable, own_table: OwnTable | None = None) -> LogReading:
+    """Everything explain needs from a log's whole text (LogReader, fed every line)."""
+    reader = LogReader(table, own_table)
+    for line in _NEWLINE.split(text):
+        reader.feed(line)
+    return reader.reading()
 
 
 def _read_facts(line: str, number: int, found: dict[str, Any]) -> None:
@@ -304,82 +371,3 @@ def _facts(found: Mapping[str, Any], tools: set[str], backends: list[tuple[str, 
 
 
 _PHASE_STAGE = {"context": "context", "weights": "weights"}
-
-
-# ---------------------------------------------------------------------------------------------------
-# The failed run: what is known of its command line
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FailedRun:
-    """The failed command as far as it is known: explain's own arguments first, then the log."""
-
-    tool: str
-    tool_from: str
-    args: tuple[str, ...]  # llama.cpp options, model and context included when known
-    args_from: str
-    env: Mapping[str, str]
-    model_path: str | None
-    model_from: str
-    n_ctx: int | None  # the cells the failed allocation was sized for (padded, as llama.cpp did)
-    n_ctx_from: str
-
-
-def failed_run(facts: LogFacts, *, args: Sequence[str], model: str | None, tool: str | None) -> FailedRun:
-    """Explicit values beat the log's lines, which beat a command line quoted in the log."""
-    chosen_tool, tool_from = tool, "--tool"
-    if chosen_tool is None:
-        chosen_tool, tool_from = facts.tool, facts.tool_from
-    if chosen_tool is None:
-        chosen_tool, tool_from = "server", "not in the log: llama-server assumed"
-    if args:
-        base, args_from = tuple(args), "explain's arguments"
-    elif facts.command_args and facts.command_tool == chosen_tool:
-        base, args_from = facts.command_args, facts.command_from
-    else:
-        base, args_from = (), ""
-    cmd = parse(chosen_tool, base, {})
-    given_model = cmd.value("--model")
-    model_path, model_from = model, "-m"
-    if model_path is None and given_model is not None and args:
-        model_path, model_from = str(given_model), "explain's arguments"
-    if model_path is None and facts.model_path is not None:
-        model_path, model_from = facts.model_path, facts.model_from
-    if model_path is None and given_model is not None:
-        model_path, model_from = str(given_model), args_from
-    changes: dict[str, str | bool] = {}
-    if model_path is not None and given_model is None:
-        base = ("-m", model_path, *base)  # first, where people put it
-        cmd = parse(chosen_tool, base, {})
-    elif model_path is not None and given_model != model_path:
-        changes["--model"] = model_path
-    asked = cmd.value(BY_FIELD["n_ctx"].option)
-    n_ctx, n_ctx_from = facts.n_ctx, facts.n_ctx_from
-    cells = _cells_asked(cmd)
-    if cells is not None and (args or n_ctx is None):
-        n_ctx, n_ctx_from = cells, f"{args_from}: -c {asked}"
-    if asked is None and n_ctx is not None:
-        changes |= changes_of({"n_ctx": n_ctx})
-    final = tuple(rewrite(cmd, changes))
-    return FailedRun(
-        tool=chosen_tool,
-        tool_from=tool_from,
-        args=final,
-        args_from=args_from,
-        env=dict(facts.command_env) if args_from == facts.command_from and args_from else {},
-        model_path=model_path,
-        model_from=model_from,
-        n_ctx=n_ctx,
-        n_ctx_from=n_ctx_from,
-    )
-
-
-def _cells_asked(cmd: CommandLine) -> int | None:
-    """The cells a command's -c makes, padded as llama.cpp pads them (per stream); None without a positive -c,
-    or when llama.cpp would reject the command's values."""
-    try:
-        kv = to_request(cmd).kv
-    except (SafeLlamaError, ValueError):
-        return None
-    return resolve_context(kv, 0).n_ctx if kv.n_ctx else None

@@ -14,7 +14,8 @@ from typing import Literal
 
 from safe_llama.constants import TOOL_BINARY
 from safe_llama.diagnosis.explain_words import Words, fill
-from safe_llama.diagnosis.log_reading import FailedRun, LogReading
+from safe_llama.diagnosis.failed_run import FailedRun
+from safe_llama.diagnosis.log_reading import LogReading
 from safe_llama.diagnosis.own_lines import OwnLine
 from safe_llama.diagnosis.remedies import Remedy, bytes_words
 from safe_llama.diagnosis.signatures import Failure

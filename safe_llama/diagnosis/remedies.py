@@ -33,7 +33,7 @@ UNKNOWN_HOST = 1 << 60
 
 
 class FailedCommand(Protocol):
-    """The failed command as far as it is known (run.log_reading.FailedRun)."""
+    """The failed command as far as it is known (diagnosis.failed_run.FailedRun)."""
 
     @property
     def tool(self) -> str: ...
@@ -46,7 +46,7 @@ class FailedCommand(Protocol):
 
 
 class LogMachine(Protocol):
-    """What a log says of the failed run's machine and KV cache (run.log_reading.LogFacts)."""
+    """What a log says of the failed run's machine and KV cache (diagnosis.log_reading.LogFacts)."""
 
     @property
     def backend(self) -> str | None: ...

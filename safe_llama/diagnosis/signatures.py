@@ -239,61 +239,73 @@ def load_table(
 # ---------------------------------------------------------------------------------------------------
 
 
-class Scanner:
-    """Turns one output stream's chunks into lines and lines into Matches.
+class Lines:
+    """Turns one stream's chunks into lines, with memory bounded by max_line whatever the stream holds.
 
     Lines may be split anywhere across chunks, multi-byte characters included (an incremental UTF-8
     decoder, invalid bytes replaced). \\r\\n, \\r and \\n all end a line. A line longer than max_line
-    characters is matched on its first max_line characters, so memory stays bounded.
+    characters keeps its first max_line characters (a gigabyte without a newline is one short line).
     """
 
-    def __init__(self, table: SignatureTable, *, max_line: int = MAX_LINE) -> None:
-        self._table = table
+    def __init__(self, *, max_line: int = MAX_LINE) -> None:
         self._max_line = max_line
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending: list[str] = []
         self._pending_len = 0
         self._cr_pending = False  # the last chunk ended in \r: a \n first in the next one belongs to it
 
-    def feed(self, data: bytes) -> list[Match]:
+    def feed(self, data: bytes) -> list[str]:
         return self._text(self._decoder.decode(data, final=False))
 
-    def close(self) -> list[Match]:
-        """Flush: the last line, even without a newline, is matched."""
-        matches = self._text(self._decoder.decode(b"", final=True))
+    def close(self) -> list[str]:
+        """Flush: the last line, even without a newline."""
+        lines = self._text(self._decoder.decode(b"", final=True))
         if self._pending:
-            matches.extend(self._line("".join(self._pending)))
+            lines.append("".join(self._pending))
             self._pending, self._pending_len = [], 0
-        return matches
+        return lines
 
-    def _text(self, text: str) -> list[Match]:
+    def _text(self, text: str) -> list[str]:
         if not text:
             return []
         if self._cr_pending and text[0] == "\n":
             text = text[1:]
         self._cr_pending = text.endswith("\r")
-        parts = _NEWLINE.split(text)
-        matches: list[Match] = []
-        for complete in parts[:-1]:
-            self._append(complete)
-            matches.extend(self._line("".join(self._pending)))
+        lines: list[str] = []
+        start = 0
+        for found in _NEWLINE.finditer(text):
+            self._append(text, start, found.start())
+            lines.append("".join(self._pending))
             self._pending, self._pending_len = [], 0
-        self._append(parts[-1])
-        return matches
+            start = found.end()
+        self._append(text, start, len(text))
+        return lines
 
-    def _append(self, piece: str) -> None:
+    def _append(self, text: str, start: int, end: int) -> None:
         room = self._max_line - self._pending_len
-        if room > 0 and piece:
-            piece = piece[:room]
+        if room > 0 and end > start:
+            piece = text[start : min(end, start + room)]
             self._pending.append(piece)
             self._pending_len += len(piece)
 
-    def _line(self, raw: str) -> list[Match]:
-        line = clean_line(raw)
-        if not line:
-            return []
-        found = self._table.match_line(line)
-        return [found] if found is not None else []
+
+class Scanner:
+    """Turns one output stream's chunks into Matches, line by line (Lines: memory bounded by max_line)."""
+
+    def __init__(self, table: SignatureTable, *, max_line: int = MAX_LINE) -> None:
+        self._table = table
+        self._lines = Lines(max_line=max_line)
+
+    def feed(self, data: bytes) -> list[Match]:
+        return self._matches(self._lines.feed(data))
+
+    def close(self) -> list[Match]:
+        """Flush: the last line, even without a newline, is matched."""
+        return self._matches(self._lines.close())
+
+    def _matches(self, lines: list[str]) -> list[Match]:
+        found = (self._table.match_line(line) for line in map(clean_line, lines) if line)
+        return [match for match in found if match is not None]
 
 
 def scan_text(table: SignatureTable, data: bytes) -> list[Match]:

@@ -77,7 +77,9 @@ class Prepared:
     source: ModelSource | None = None  # None: no source given, the bundled model
     layout: Layout = field(default_factory=Layout)
     notes: tuple[str, ...] = ()  # about the command line (a draft not downloaded, a context too long)
-    announce: tuple[str, ...] = ()  # options added to the user's command line, one line each (the bundled chat)
+    # said before the launch, one line each: options added to the user's command line (the bundled chat), a
+    # secret others can read (key_warnings)
+    announce: tuple[str, ...] = ()
     device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
 
 
@@ -119,6 +121,31 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
     return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
 
 
+def key_warnings(cmd: CommandLine) -> tuple[str, ...]:
+    """An API key others can read: given on the command line (every user sees it in `ps`, here and in
+    llama-server's), or in an --api-key-file that group or others may read. One line each, naming the fix."""
+    warnings = []
+    key = cmd.settings.get("--api-key")
+    if key is not None and key.source == "argv":
+        warnings.append(
+            "--api-key on the command line is visible to every user (ps): put the key in a file only you "
+            "can read (chmod 600) and give --api-key-file FILE, or set LLAMA_API_KEY"
+        )
+    named = cmd.value("--api-key-file")
+    if isinstance(named, str):
+        try:
+            mode = os.stat(named).st_mode
+        except OSError:
+            return tuple(warnings)  # llama-server says a missing file itself
+        if mode & 0o044:
+            who = "group and others" if mode & 0o040 and mode & 0o004 else "others" if mode & 0o004 else "its group"
+            warnings.append(
+                # the file's path is a secret option's value (configs/secrets.toml): not named
+                f"the --api-key-file is readable by {who} (mode {mode & 0o777:04o}): chmod 600 it"
+            )
+    return tuple(warnings)
+
+
 def prepare(
     tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, *, binary: Path | None = None
 ) -> Prepared:
@@ -152,6 +179,7 @@ def _prepare(
         if line is not None:
             args, announce = [*args, *added], (line,)
             cmd = parse(tool, args, env)
+    announce += key_warnings(cmd)
     req = to_request(cmd)
     path = model_path_for(source, env)
     facts = facts_for(path, env)

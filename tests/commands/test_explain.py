@@ -19,7 +19,8 @@ import pytest
 from safe_llama.commands import explain
 from safe_llama.commands.explain import Explanation, render_text, run_explain, stage_of, to_json
 from safe_llama.diagnosis.explain_words import load_words
-from safe_llama.diagnosis.log_reading import failed_run, read_log
+from safe_llama.diagnosis.failed_run import failed_run
+from safe_llama.diagnosis.log_reading import read_log
 from safe_llama.diagnosis.own_lines import load_own_table
 from safe_llama.diagnosis.remedies import Remedy
 from safe_llama.diagnosis.signatures import load_table

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.diagnosis.log_reading import failed_run, parse_command, read_log
+from safe_llama.diagnosis.failed_run import failed_run
+from safe_llama.diagnosis.log_reading import parse_command, read_log
 from safe_llama.diagnosis.signatures import load_table
 from tests import FIXTURES
 

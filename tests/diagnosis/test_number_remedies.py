@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from safe_llama.diagnosis import number_remedies as numbers
-from safe_llama.diagnosis.log_reading import LogFacts, failed_run
+from safe_llama.diagnosis.failed_run import failed_run
+from safe_llama.diagnosis.log_reading import LogFacts
 from safe_llama.diagnosis.signatures import Failure
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import load_policy

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from safe_llama.diagnosis.explain_words import Words
-from safe_llama.diagnosis.log_reading import FailedRun, LogFacts, LogReading
+from safe_llama.diagnosis.failed_run import FailedRun
+from safe_llama.diagnosis.log_reading import LogFacts, LogReading
 from safe_llama.diagnosis.own_lines import OwnLine
 from safe_llama.diagnosis.own_outcome import failure_what, own_exit, recovered, where_words
 from safe_llama.diagnosis.remedies import Remedy

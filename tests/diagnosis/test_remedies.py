@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from safe_llama.diagnosis.log_reading import LogFacts, failed_run, read_log
+from safe_llama.diagnosis.failed_run import failed_run
+from safe_llama.diagnosis.log_reading import LogFacts, read_log
 from safe_llama.diagnosis.remedies import UNKNOWN_HOST, log_target, ready_command, stage_remedies
 from safe_llama.diagnosis.signatures import Failure, load_table
 from safe_llama.paths import packaged_configs
