@@ -145,6 +145,7 @@ def _launch_in(cgroup: tuple[Path, str], child: list[str]) -> dict[str, object]:
     return result
 
 
+@pytest.mark.slow
 def test_an_oom_kill_in_the_cgroup_is_evidence(cgroup: tuple[Path, str]) -> None:
     hog = [sys.executable, "-c", "b = []\nwhile True: b.append(bytearray(64 << 20))"]
     outcome = _launch_in(cgroup, hog)

@@ -153,6 +153,7 @@ def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> subproce
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_running", [False, True], ids=["exits", "keeps-running"])
 def test_seed_openvino_error_learned_then_stateful(seed: tuple[dict[str, str], Path, Path], keep_running: bool) -> None:
     """A GPU no profile describes: the limit is unknown until OpenVINO's message names it."""
@@ -180,6 +181,7 @@ def test_seed_openvino_error_learned_then_stateful(seed: tuple[dict[str, str], P
     assert [s for _, s in (eval(x) for x in log.read_text().splitlines())] == ["1"]  # noqa: S307
 
 
+@pytest.mark.slow
 def test_seed_profile_predicts_stateful_first_time(seed: tuple[dict[str, str], Path, Path]) -> None:
     """The UHD 770 is recognised by name (configs/devices/intel-uhd-770.toml): no failed start at all."""
     env, model, log = seed
@@ -190,6 +192,7 @@ def test_seed_profile_predicts_stateful_first_time(seed: tuple[dict[str, str], P
     assert "KV cache (one allocation) 7.00 GiB at -c 65536 is above the GPU's 4.00 GiB limit" in done.stderr
 
 
+@pytest.mark.slow
 def test_seed_ladder_ctx_only_gives_37376(seed: tuple[dict[str, str], Path, Path]) -> None:
     env, model, log = seed
     done = _run(["--ladder", "ctx", "completion", "-m", str(model), "-c", "65536", "-p", "Once"], env)
@@ -244,6 +247,7 @@ def test_forget_clears_remembered_plans(tmp_path: Path, clean_env: dict[str, str
     assert not records.exists()  # the launch records made with them go too
 
 
+@pytest.mark.slow
 def test_attempts_are_bounded_and_strictly_smaller(seed: tuple[dict[str, str], Path, Path]) -> None:
     env, model, log = seed
     env["FAKE_ALWAYS_FAIL"] = "1"
@@ -286,6 +290,7 @@ def test_symlink_named_llama_server_is_the_drop_in(tmp_path: Path, clean_env: di
     assert "version: 0.6.0-dev" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_path_shim_loop_is_refused(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """A PATH shim script (not a symlink) that runs safe-llama again is caught by the guard variable."""
     shim_dir = tmp_path / "bin"
@@ -302,6 +307,7 @@ def test_path_shim_loop_is_refused(tmp_path: Path, clean_env: dict[str, str]) ->
     assert "started by safe-llama" in done.stderr and "leads back to safe-llama" in done.stderr
 
 
+@pytest.mark.slow
 def test_secrets_never_printed_or_stored(seed: tuple[dict[str, str], Path, Path]) -> None:
     env, model, _ = seed
     env = {**env, "LLAMA_API_KEY": "env-secret-1", "HF_TOKEN": "env-secret-2", "FAKE_TOOL": "server"}
@@ -329,6 +335,7 @@ def _plans(env: dict[str, str]) -> list[Path]:
     return list((Path(env["XDG_CACHE_HOME"]) / "safe-llama" / "plans").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_user_sigkill_is_not_retried_nor_remembered(seed: tuple[dict[str, str], Path, Path], tmp_path: Path) -> None:
     """A `kill -9` of a hung start-up is the user's: no memory counter rose, so no retry and no learned cap."""
     env, model, log = seed
@@ -351,6 +358,7 @@ def test_user_sigkill_is_not_retried_nor_remembered(seed: tuple[dict[str, str], 
     assert _plans(env) == []
 
 
+@pytest.mark.slow
 def test_ggml_init_assert_before_the_memory_line_is_retried(seed: tuple[dict[str, str], Path, Path]) -> None:
     """Under RLIMIT_AS, ggml_init's GGML_ASSERT(ctx->mem_buffer != NULL) comes first: still a memory failure."""
     env, model, log = seed
@@ -363,6 +371,7 @@ def test_ggml_init_assert_before_the_memory_line_is_retried(seed: tuple[dict[str
     assert "GGML_ASSERT(ctx->mem_buffer != NULL)" in failed[0] and "retrying" in failed[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("wait", "remembered"), [(0.0, 0), (2.0, 1)], ids=["stopped-at-once", "stopped-later"])
 def test_server_remembered_only_once_it_serves(
     seed: tuple[dict[str, str], Path, Path], wait: float, remembered: int
@@ -402,6 +411,7 @@ def _run_under(args: list[str], env: dict[str, str], as_limit_kib: int) -> subpr
     )
 
 
+@pytest.mark.slow
 def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple[dict[str, str], Path, Path]) -> None:
     env, model, log = seed
     args = ["completion", "-m", str(model), "-c", "131072", "-p", "Once", "-n", "8"]

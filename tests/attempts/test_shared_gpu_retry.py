@@ -179,6 +179,7 @@ def test_the_fake_fails_where_the_h200_failed(
                      id="held80-c681728-q8"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_the_fake_starts_where_the_h200_started(
     recorded: str, free_mib: int, model: str, args: list[str], bare: Gpu, big: Path, dense: Path
 ) -> None:
@@ -220,6 +221,7 @@ def test_the_fake_lists_what_llama_cpp_listed(bare: Gpu) -> None:
 # ---------------------------------------------------------------------------------------- through safe-llama
 
 
+@pytest.mark.slow
 def test_kv_that_no_longer_fits_is_retried_smaller(gpu: Gpu, big: Path) -> None:
     gpu.free_file.write_text("60616")  # 80 GiB held by another program while safe-llama plans
     env = {**gpu.env, "FAKE_SHRINK_TO": "30000"}  # and 30 GiB more taken before the start allocates
@@ -247,6 +249,7 @@ def test_kv_that_no_longer_fits_is_retried_smaller(gpu: Gpu, big: Path) -> None:
     assert _flag(starts[1], "-ngl") == "99"  # the weights fitted: the layers stay
 
 
+@pytest.mark.slow
 def test_weights_that_no_longer_fit_get_fewer_layers(gpu: Gpu, dense: Path) -> None:
     gpu.free_file.write_text("4500")
     env = {**gpu.env, "FAKE_SHRINK_TO": "3000"}  # 1.4 GiB taken between the plan and the start
@@ -270,6 +273,7 @@ def test_weights_that_no_longer_fit_get_fewer_layers(gpu: Gpu, dense: Path) -> N
         assert _flag(starts[0], "-ngl") == "10"
 
 
+@pytest.mark.slow
 def test_the_retry_line_names_the_gpu_the_kv_did_not_fit_on(
     tmp_path: Path, clean_env: dict[str, str], nvml_dir: Path, big: Path
 ) -> None:
@@ -284,6 +288,7 @@ def test_the_retry_line_names_the_gpu_the_kv_did_not_fit_on(
     assert "CUDA0" in failed[0], failed[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["nvml", "listing"])
 def test_the_listing_plans_as_nvml_does(
     source: str, tmp_path: Path, clean_env: dict[str, str], nvml_dir: Path, dense: Path

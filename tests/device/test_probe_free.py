@@ -102,6 +102,7 @@ def test_a_missing_library_gives_no_readings_and_says_why(tmp_path: Path) -> Non
         assert "not found" in report.note and "libnvidia-ml.so.1" in report.note
 
 
+@pytest.mark.slow
 def test_a_wedged_driver_is_given_up_on_within_the_timeout(tmp_path: Path) -> None:
     hanging = build_nvml(tmp_path / "hang", "-DHANG_IN_INIT")
     started = time.monotonic()

@@ -61,6 +61,7 @@ def test_not_executable_is_126(tmp_path: Path) -> None:
     assert err.value.status == ExitStatus.NOT_EXECUTABLE
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
     # A child that starts a grandchild and waits, as llama-cli does with its llama-server.

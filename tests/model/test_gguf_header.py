@@ -417,6 +417,7 @@ def fuzz_seed(request: pytest.FixtureRequest, tiny_model: Path, fuzz_dir: Path) 
     return model.read_bytes(), read_header(model).data_offset
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_headers_fail_cleanly(data: st.DataObject, fuzz_seed: tuple[bytes, int], fuzz_dir: Path) -> None:

@@ -90,6 +90,7 @@ def test_health_probe_is_not_ready_at_model_loaded() -> None:
     assert probe.check() is True  # it outlived the settle time: the supervisor saw no exit
 
 
+@pytest.mark.slow
 def test_health_probe_serving_when_the_task_loop_answers() -> None:
     """A server whose GET /slots answers 200 serves at once; /health alone only says it loaded."""
     import http.server

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pexpect
+import pytest
 
 from tests.process.supervision import alive, child_pid, driver_argv, driver_env, fake, in_pty, run_driver, spawned
 
@@ -52,6 +53,7 @@ def test_13_a_megabyte_without_newline_then_exit_loses_nothing(scripts: dict[str
     assert stdout == b"x" * (1 << 20) + b"END"
 
 
+@pytest.mark.slow
 def test_13_a_byte_is_visible_at_once(scripts: dict[str, Path], tmp_path: Path) -> None:
     argv = driver_argv(scripts, {"out": str(tmp_path / "o.json")}, *fake(scripts, "trickle"))
     with spawned(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as proc:
@@ -113,6 +115,7 @@ def test_12_pty_has_the_terminals_size_and_follows_sigwinch(scripts: dict[str, P
     assert outcome["used_pty"] is True and outcome["tty_restored"] is True
 
 
+@pytest.mark.slow
 def test_12_raw_passthrough_with_no_escape_character(scripts: dict[str, Path], tmp_path: Path) -> None:
     (tmp_path / "log").touch()
     out = tmp_path / "outcome.json"

@@ -53,6 +53,7 @@ class Receiver:
         self.sock.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["path", "abstract"])
 def test_one_datagram_per_message(tmp_path: Path, kind: str) -> None:
     address = str(tmp_path / "notify") if kind == "path" else f"@safe-llama-test-{os.getpid()}"

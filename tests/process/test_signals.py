@@ -60,6 +60,7 @@ def test_1_each_signal_reaches_the_child_exactly_once(scripts: dict[str, Path], 
     assert outcome["failure"] is None and outcome["retry"] is False
 
 
+@pytest.mark.slow
 def test_2_ctrl_c_in_pipe_mode_reaches_the_child_once_from_the_terminal(
     scripts: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -84,6 +85,7 @@ def test_2_ctrl_c_in_pipe_mode_reaches_the_child_once_from_the_terminal(
     assert outcome["user_stop_signal"] == signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_2_ctrl_c_with_the_terminal_not_on_stdin_is_forwarded_once(scripts: dict[str, Path], tmp_path: Path) -> None:
     # The terminal is only the controlling one: its ^C reaches the wrapper's group, the wrapper forwards it.
     log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
@@ -102,6 +104,7 @@ def test_2_ctrl_c_with_the_terminal_not_on_stdin_is_forwarded_once(scripts: dict
     assert outcome["exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_1_timeout_sends_one_sigterm(scripts: dict[str, Path], tmp_path: Path) -> None:
     # coreutils timeout signals its child, then its whole process group: the child must get one.
     log, out = tmp_path / "signals.log", tmp_path / "outcome.json"
@@ -223,6 +226,7 @@ def test_4_sigtstp_to_the_wrapper_in_pty_mode(scripts: dict[str, Path], tmp_path
     assert json.loads(out.read_text())["exit_code"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pty_mode", [False, True], ids=["pipes", "pty"])
 def test_4_job_control_in_an_interactive_shell(scripts: dict[str, Path], tmp_path: Path, pty_mode: bool) -> None:
     log, out = tmp_path / "log", tmp_path / "outcome.json"

@@ -112,6 +112,7 @@ def test_22_allocation_error_while_running_stops_the_child(scripts: dict[str, Pa
     assert outcome["failure"]["requested_bytes"] == 7516192768
 
 
+@pytest.mark.slow
 def test_22_a_child_that_ignores_sigterm_is_killed(scripts: dict[str, Path], tmp_path: Path) -> None:
     child = fake(scripts, "alloc-and-run", str(tmp_path / "log"), OPENVINO_LINE, "ignore-term")
     rc, _, _, outcome = run_driver(scripts, tmp_path, child, grace=0.2, kill_after=0.5)
@@ -119,6 +120,7 @@ def test_22_a_child_that_ignores_sigterm_is_killed(scripts: dict[str, Path], tmp
     assert outcome["stopped_by_us"] is True and outcome["failure"]["kind"] == "alloc"
 
 
+@pytest.mark.slow
 def test_readiness_by_health_then_nothing_is_scanned(scripts: dict[str, Path], tmp_path: Path) -> None:
     log, out, port = tmp_path / "log", tmp_path / "outcome.json", free_port()
     child = fake(scripts, "server", str(log), str(port))

@@ -6,6 +6,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from safe_llama.device.limits import Sourced
 from safe_llama.plan.target import RemoteDevice
 from safe_llama.process.workers import answering, endpoint_of, lost_worker, wait_back
@@ -41,6 +43,7 @@ def test_the_worker_that_stopped_is_named() -> None:
     assert lost_worker([], lambda r: 0.0) is None
 
 
+@pytest.mark.slow
 def test_wait_back_is_bounded_and_sees_a_restart() -> None:
     port = free_port()
     started = time.monotonic()

@@ -83,6 +83,7 @@ def test_dev_zero_is_refused_in_one_line(given: str) -> None:
     assert done.stderr.count("\n") == 1 and "a character device, not a log" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_yes_into_stdin_keeps_memory_flat() -> None:
     yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
     assert yes.stdout is not None
@@ -104,6 +105,7 @@ def test_yes_into_stdin_keeps_memory_flat() -> None:
     assert late < CEILING and late - early < 4 * MIB
 
 
+@pytest.mark.slow
 def test_a_fifo_with_no_writer_is_refused_after_a_wait(tmp_path: Path) -> None:
     fifo = tmp_path / "log.fifo"
     os.mkfifo(fifo)
@@ -115,6 +117,7 @@ def test_a_fifo_with_no_writer_is_refused_after_a_wait(tmp_path: Path) -> None:
     assert took < 20
 
 
+@pytest.mark.slow
 def test_a_fifo_with_a_writer_is_explained(tmp_path: Path) -> None:
     fifo = tmp_path / "log.fifo"
     os.mkfifo(fifo)
@@ -141,6 +144,7 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "a directory, not a log" in done.stderr
 
 
+@pytest.mark.slow
 def test_follow_explains_each_failure_of_a_stream_with_flat_memory() -> None:
     explain = subprocess.Popen(
         [*EXPLAIN, "--follow", "--json", "-"], env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -168,6 +172,7 @@ def test_follow_explains_each_failure_of_a_stream_with_flat_memory() -> None:
     assert late < CEILING and late - early < 4 * MIB
 
 
+@pytest.mark.slow
 def test_the_reader_keeps_a_bounded_summary_of_any_log() -> None:
     reader = LogReader(load_table())
     lines = Lines()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from safe_llama import state
 from safe_llama.paths import cache_dir
 from safe_llama.remembered import remember
@@ -17,6 +19,7 @@ PROCESSES = 32
 PLANS = 200
 
 
+@pytest.mark.slow
 def test_32_forgets_at_once(tmp_path: Path) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
     for n in range(PLANS):

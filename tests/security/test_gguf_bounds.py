@@ -219,6 +219,7 @@ ENTRY = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entries=st.lists(ENTRY, min_size=1, max_size=64), lie=st.integers(-2, 2))
 def test_fuzzed_declared_sizes(

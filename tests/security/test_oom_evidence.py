@@ -68,6 +68,7 @@ def _oom_kill_elsewhere(folder: Path) -> None:
     assert _vmstat_oom_kills() > before
 
 
+@pytest.mark.slow
 def test_a_persons_sigkill_while_another_process_is_oom_killed_is_not_oom(
     group: Path, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -155,6 +156,7 @@ def test_the_kernels_line_for_the_childs_pid_is_evidence(group: Path) -> None:
     assert evidence.startswith("the kernel logged: ") and f"Killed process {outcome['pid']} (python" in evidence
 
 
+@pytest.mark.slow
 def test_a_line_a_program_writes_to_the_kernel_log_is_not_evidence(group: Path) -> None:
     """THE TEST WRITES a "Killed process PID" line for its child to /dev/kmsg, then kills it with SIGKILL: the
     kernel logs the line as LOG_USER, so it is not the kernel's, and the kill is no OOM kill."""

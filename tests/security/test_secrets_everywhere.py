@@ -66,6 +66,7 @@ def test_explain_masks_a_secret_the_log_quotes(planted: dict[str, str], tmp_path
         assert leaks(safe_llama(["explain", *shown, str(log)], planted)) == []
 
 
+@pytest.mark.slow
 def test_plan_devices_doctor_and_the_cache_mask_every_secret(
     planted: dict[str, str], bundled_model: Path, tmp_path: Path
 ) -> None:

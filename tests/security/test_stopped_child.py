@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests import ROOT
 from tests.attempts.test_launch import _fake_bin
 from tests.llama_run import free_port
@@ -112,6 +114,7 @@ sys.exit(outcome.exit_code)
 DEAF = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)"
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_a_stopped_child_that_ignores_it_then_sigkill(tmp_path: Path) -> None:
     grace = 2.0
     proc = subprocess.Popen(
