@@ -23,10 +23,7 @@ import pytest
 
 from tests import ROOT
 from tests.attempts.test_cgroup_real import _make_cgroup
-from tests.attempts.test_launch import _fake_bin
-from tests.llama_run import free_port
-from tests.security.test_stopped_child import _child_of, _lines, _wait_for
-from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
+from tests.security.fake_server import child_of, lines_of, start_server, wait_for
 
 HOG = "b = []\nwhile True: b.append(bytearray(16 << 20))"
 
@@ -75,20 +72,13 @@ def test_a_persons_sigkill_while_another_process_is_oom_killed_is_not_oom(
     """The issue's row end to end: a ready (fake) llama-server, an OOM kill elsewhere, then `kill -9` of the server.
     Before: "killed for lack of memory after it was ready (/proc/vmstat oom_kill rose ...)" and the plan remembered
     smaller. Now: one line saying no evidence of OOM, the plan remembered as it ran, exit 137."""
-    model = write_metadata_gguf(tmp_path / "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "llama", LLAMA_3B)
     cache = tmp_path / "cache"
-    env = {**clean_env, "XDG_CACHE_HOME": str(cache), "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
-           "FAKE_ARGV_LOG": str(tmp_path / "argv.log"), "FAKE_TOOL": "server", "FAKE_SERVE_SECONDS": "120",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "safe_llama", "server", "-m", str(model), "-c", "8192", "--port", str(free_port())],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    proc = start_server(tmp_path, clean_env, cache)
     seen: list[str] = []
     try:
-        lines = _lines(proc.stderr)
-        _wait_for(lines, "model loaded", 60, seen)
-        child = _child_of(proc.pid)
+        lines = lines_of(proc.stderr)
+        wait_for(lines, "model loaded", 60, seen)
+        child = child_of(proc.pid)
         plans = cache / "safe-llama" / "plans"
         deadline = time.monotonic() + 30
         while not list(plans.glob("*.json")) and time.monotonic() < deadline:  # ready: the plan remembered
@@ -137,7 +127,7 @@ def _drive(folder: Path, child: list[str], then: object = None) -> dict[str, obj
             stdout=subprocess.PIPE, text=True, preexec_fn=lambda: _enter(folder),
         )  # fmt: skip
         if callable(then):
-            then(_child_of(driver.pid))
+            then(child_of(driver.pid))
         out, _ = driver.communicate(timeout=60)
     finally:
         neighbour.kill()

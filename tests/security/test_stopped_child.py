@@ -8,83 +8,38 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests import ROOT
-from tests.attempts.test_launch import _fake_bin
-from tests.llama_run import free_port
-from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
+from tests.security.fake_server import child_of, lines_of, start_server, wait_for
 
 SAID_WITHIN = 5.0  # seconds a stop may take to be said (it is said at the SIGCHLD, in milliseconds)
 MARGIN = 5.0  # seconds beyond the grace period for both to end
 
 
-def _lines(stream: object) -> queue.Queue[str]:
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        for raw in stream:  # type: ignore[attr-defined]
-            lines.put(raw.decode(errors="replace").rstrip("\n"))
-
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
-def _wait_for(lines: queue.Queue[str], words: str, within: float, seen: list[str]) -> str:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-        except queue.Empty:
-            break
-        seen.append(line)
-        if words in line:
-            return line
-    raise AssertionError(f"no line with {words!r} within {within} s: {seen[-20:]}")
-
-
-def _child_of(pid: int) -> int:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if children:
-            return int(children[0])
-        time.sleep(0.05)
-    raise AssertionError("no child")
-
-
 def test_a_stopped_server_is_said_and_sigterm_ends_both(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    model = write_metadata_gguf(tmp_path / "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "llama", LLAMA_3B)
-    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SAFE_LLAMA_BIN_DIR": str(_fake_bin(tmp_path)),
-           "FAKE_ARGV_LOG": str(tmp_path / "argv.log"), "FAKE_TOOL": "server", "FAKE_SERVE_SECONDS": "120",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "safe_llama", "server", "-m", str(model), "-c", "8192", "--port", str(free_port())],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    proc = start_server(tmp_path, clean_env, tmp_path / "cache")
     seen: list[str] = []
     try:
-        lines = _lines(proc.stderr)
-        _wait_for(lines, "model loaded", 60, seen)
-        child = _child_of(proc.pid)
+        lines = lines_of(proc.stderr)
+        wait_for(lines, "model loaded", 60, seen)
+        child = child_of(proc.pid)
         os.kill(child, signal.SIGSTOP)
-        stopped = _wait_for(lines, "is stopped", SAID_WITHIN, seen)
+        stopped = wait_for(lines, "is stopped", SAID_WITHIN, seen)
         assert stopped == (
             f"safe-llama: llama-server (pid {child}) is stopped (SIGSTOP): it does nothing until it gets SIGCONT "
             f"(kill -CONT {child}); SIGTERM to safe-llama ends it"
         )
         os.kill(child, signal.SIGCONT)
-        assert _wait_for(lines, "continued", SAID_WITHIN, seen) == f"safe-llama: llama-server (pid {child}) continued"
+        assert wait_for(lines, "continued", SAID_WITHIN, seen) == f"safe-llama: llama-server (pid {child}) continued"
         os.kill(child, signal.SIGSTOP)
-        _wait_for(lines, "is stopped", SAID_WITHIN, seen)
+        wait_for(lines, "is stopped", SAID_WITHIN, seen)
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=5.0 + MARGIN)  # the old code hung here until SIGCONT
@@ -123,11 +78,11 @@ def test_sigterm_reaches_a_stopped_child_that_ignores_it_then_sigkill(tmp_path: 
     )  # fmt: skip
     seen: list[str] = []
     try:
-        lines = _lines(proc.stderr)
-        child = _child_of(proc.pid)
+        lines = lines_of(proc.stderr)
+        child = child_of(proc.pid)
         time.sleep(0.5)  # its SIGTERM handler set
         os.kill(child, signal.SIGSTOP)
-        _wait_for(lines, f"(pid {child}) is stopped (SIGSTOP)", SAID_WITHIN, seen)
+        wait_for(lines, f"(pid {child}) is stopped (SIGSTOP)", SAID_WITHIN, seen)
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=grace + MARGIN)
