@@ -9,6 +9,7 @@ back), the remembered plan's recall, and the early start's takeover (adopted). M
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -25,6 +26,8 @@ from safe_llama.state import check_cache
 from safe_llama.units import human
 
 if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
+    from safe_llama.device.ledger import Entry
+    from safe_llama.diagnosis.signatures import SignatureTable
     from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
     from safe_llama.plan.target import Lessons
     from safe_llama.process.startup import Outcome
@@ -70,13 +73,10 @@ def run_attempts(
     """The whole launch; returns the exit code safe-llama leaves with. recorder: the window that notes what
     this launch reads until attempt 1 starts (env is its recording mapping), for a launch record keyed by
     door (which door, its words); first: attempt 1 already ran (started early, it failed for memory)."""
-    from safe_llama.attempts.attempt_loop import AttemptLoop, Exit, FindWorker
-    from safe_llama.cmdline.llama_args import redact_argv
+    from safe_llama.device import ledger
     from safe_llama.device.binaries import find_binary
     from safe_llama.diagnosis.signatures import load_table
-    from safe_llama.pipeline.prepare import free_again, replan
     from safe_llama.plan.target import Lessons
-    from safe_llama.process import workers
     from safe_llama.process.channels import check_not_nested
 
     raw_env = recorder.raw if recorder is not None else env
@@ -90,15 +90,81 @@ def run_attempts(
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
-    shared = Supervision(say, Notifier(raw_env), table)
     base_env = child_env(raw_env)
-    prepared, lessons = _prepare(tool, args, env, options.plan, binary, say), Lessons()
-    digest = None
-    recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
-    if prepared is not None and options.remember:
-        digest = _remember_key(prepared, binary)
-        prepared, lessons, recalled = _recall(prepared, options.plan, digest, env, say)
+    folder = ledger.own_folder(env)
+    entry = ledger.arrive(folder, tool) if folder is not None else None  # seen by those that start with it
+    try:
+        # the ledger's lock while this launch reads the others, plans and writes its entry: the next plans with it
+        with ledger.locked(folder, say) if folder is not None else contextlib.nullcontext():
+            prepared, lessons = _prepare(tool, args, env, options.plan, binary, say), Lessons()
+            digest = None
+            recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
+            if prepared is not None and options.remember:
+                digest = _remember_key(prepared, binary)
+                prepared, lessons, recalled = _recall(prepared, options.plan, digest, env, say)
+            _book(entry, prepared, tool)
+        return _attempts(
+            tool, args, env, options, say, binary, table, base_env, prepared, lessons, digest, recalled, entry,
+            recorder=recorder, door=door, first=first,
+        )  # fmt: skip
+    finally:
+        if entry is not None:
+            entry.remove()
+
+
+def _book(entry: Entry | None, prepared: Prepared | None, tool: str) -> None:
+    """This launch's entry in the ledger, from its plan (rewritten when a retry plans again)."""
+    from safe_llama.device import ledger
+    from safe_llama.device.reservations import PLANNED, Launch
+    from safe_llama.pipeline.prepare import reservation
+
+    if entry is None:
+        return
+    if prepared is None or prepared.plan is None:
+        entry.remove()  # llama.cpp runs as given: nothing reserved
+        return
+    device, host = reservation(prepared)
+    start = ledger.start_time(os.getpid())
+    if start is None:
+        return
+    entry.write(
+        Launch(
+            os.getpid(), start, tool, ledger.label(prepared.model_path), PLANNED, prepared.device_key,
+            prepared.target.device or "", device, host, prepared.cgroup_dir,
+        )
+    )  # fmt: skip
+
+
+def _attempts(
+    tool: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    options: LaunchOptions,
+    say: Say,
+    binary: Path,
+    table: SignatureTable,
+    base_env: dict[str, str],
+    prepared: Prepared | None,
+    lessons: Lessons,
+    digest: str | None,
+    recalled: bool,
+    entry: Entry | None,
+    *,
+    recorder: Recorder | None,
+    door: tuple[str, Sequence[str]] | None,
+    first: Outcome | None,
+) -> int:
+    """The attempts, once planned (run_attempts' second half)."""
+    from safe_llama.attempts.attempt_loop import AttemptLoop, Exit, FindWorker
+    from safe_llama.cmdline.llama_args import redact_argv
+    from safe_llama.pipeline.prepare import free_again, replan
+    from safe_llama.process import workers
+
+    raw_env = recorder.raw if recorder is not None else env
+    shared = Supervision(say, Notifier(raw_env), table)
     if prepared is not None and first is None:  # an early start said them already
+        for line in prepared.others.held_lines():
+            _say(say, line, recorder)
         for line in prepared.announce:
             _say(say, line, recorder)
     loop = AttemptLoop(
@@ -113,6 +179,8 @@ def run_attempts(
     )
     while True:
         start = loop.next_start()
+        if loop.prepared is not prepared and entry is not None:
+            _book(entry, loop.prepared, tool)  # a retry planned again
         attempt, prepared = start.number, loop.prepared
         for line in start.lines:
             _say(say, line, recorder if attempt == 1 else None)

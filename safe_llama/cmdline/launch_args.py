@@ -62,6 +62,7 @@ def _whole(value: object, least: int) -> bool:
 TOML_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "number": (lambda value: _whole(value, 1), "a whole number of at least 1"),
     "flag": (lambda value: isinstance(value, bool), "true or false"),
+    "fraction": (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool), "a number (e.g. 0.5)"),
     "size": (lambda value: _whole(value, 1) or isinstance(value, str), 'a size in bytes or a string such as "4G"'),
     "text": (lambda value: isinstance(value, str), "a string"),
 }

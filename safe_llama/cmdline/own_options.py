@@ -26,7 +26,7 @@ class Option(NamedTuple):  # not a dataclass: read before every launch
     names: tuple[str, ...]  # the first is the long name, the others its aliases
     key: str  # the setting it fills; for the launcher's, also its [launcher] key in config.toml
     commands: tuple[str, ...]  # LAUNCH and the command words that take it
-    kind: str  # "text", "number", "size" (bytes or "4G") or "flag"
+    kind: str  # "text", "number", "fraction" (0.5), "size" (bytes or "4G") or "flag"
     metavar: str  # its value's name in help; "" for a flag
     help: str
     flag_value: str = ""  # what a flag stores under key
@@ -58,6 +58,9 @@ OPTIONS: tuple[Option, ...] = (
            "degrade steps to try, in order (e.g. stateful,kv-q8,kv-q4,ctx)", env="SAFE_LLAMA_LADDER"),
     Option(("--min-ctx",), "min_ctx", (LAUNCH, "plan"), "number", "N", "never plan a context below N tokens",
            env="SAFE_LLAMA_MIN_CTX"),
+    Option(("--share",), "share", (LAUNCH, "plan"), "fraction", "F",
+           "take at most this share of the device's and the host's memory (e.g. 0.5; others plan beside it)",
+           env="SAFE_LLAMA_SHARE"),
     Option(("--attempts",), "attempts", (LAUNCH,), "number", "N",
            "starts to try when one fails for memory (default 4)", env="SAFE_LLAMA_ATTEMPTS"),
     Option(("--profile",), "profile", DECLARE, "text", "NAME",

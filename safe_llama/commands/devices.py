@@ -10,11 +10,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.own_options import flag, integrated
+from safe_llama.device import ledger
 from safe_llama.device.binaries import find_binary
 from safe_llama.device.declared import declared_limits
 from safe_llama.device.host_budget import HostBudget
@@ -24,14 +25,16 @@ from safe_llama.device.probe_opencl import OpenCLReport
 from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.device.probe_vulkan import VulkanReport
 from safe_llama.device.probing import DeviceReport, LlamaProbe, probe_devices
+from safe_llama.device.reservations import Launch, others
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir
 from safe_llama.units import human
 
 
-def report_json(report: DeviceReport) -> str:
-    return json.dumps({"schema": 1, **dataclasses.asdict(report)}, indent=2)
+def report_json(report: DeviceReport, launches: Sequence[Launch] = ()) -> str:
+    data = {"schema": 1, **dataclasses.asdict(report), "launches": [dataclasses.asdict(x) for x in launches]}
+    return json.dumps(data, indent=2)
 
 
 def _sourced(value: Sourced[int] | None, none: str) -> str:
@@ -237,7 +240,17 @@ def run_devices_command(
         refresh=refresh,
         binary_note=note,
     )
-    sys.stdout.write((report_json(report) if json_out else render_text(report)) + "\n")
+    launches = ledger.read_all(env)
+    if json_out:
+        sys.stdout.write(report_json(report, launches) + "\n")
+    else:
+        sys.stdout.write(render_text(report) + "\n" + "\n".join(["", *_render_launches(launches)]) + "\n")
+
+
+def _render_launches(launches: Sequence[Launch]) -> list[str]:
+    """The other safe-llama launches in the ledger, what each holds where (device/ledger.py)."""
+    found = others(launches, {}, device="", cgroup="").held_lines()
+    return ["Other safe-llama launches (the ledger):", *(f"  {line}" for line in found or ("none",))]
 
 
 def main(settings: Mapping[str, str], words: list[str]) -> int:

@@ -72,7 +72,7 @@ def plan_command(
     )
     result["model"]["source"] = _source_json(prepared.source)
     result["model"]["downloaded"] = True
-    extra = [*prepared.announce, *prepared.notes]
+    extra = [*prepared.others.held_lines(), *prepared.announce, *prepared.notes]
     note = context_note(prepared.facts, kv, tool)
     if note:
         extra.append(note)

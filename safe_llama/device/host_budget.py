@@ -34,6 +34,7 @@ class HostBudget:
     budget_bytes: Sourced[int]  # the smallest applicable figure; detail names it
     note: str
     limits: tuple[HostLimit, ...] = ()  # every limit that applies, each checked with its own accounting
+    cgroup_dir: str | None = None  # the cgroup folder whose limit applies (launches in it share its headroom)
 
 
 def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -> HostBudget:
@@ -92,4 +93,5 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
         budget_bytes=budget,
         note=host.cgroup_note,
         limits=tuple(limits),
+        cgroup_dir=cgroup.limit_dir if cgroup is not None else None,
     )

@@ -34,9 +34,12 @@ class FreeReading:
     uuid: str | None  # NVML's GPU-... (CUDA_VISIBLE_DEVICES may name it)
     total_bytes: int
     free_bytes: int
+    # what each process holds on it (pid, bytes), as NVML reports them; None: no per-process figure
+    processes: tuple[tuple[int, int], ...] | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        extra = {} if self.processes is None else {"processes": [list(p) for p in self.processes]}
+        return extra | {
             "source": self.source,
             "index": self.index,
             "name": self.name,
@@ -70,11 +73,58 @@ def reading_from_dict(data: Mapping[str, object]) -> FreeReading:
         uuid=text("uuid"),
         total_bytes=int(str(data["total_bytes"])),
         free_bytes=int(str(data["free_bytes"])),
+        processes=_processes(data.get("processes")),
     )
+
+
+MOST_PROCESSES = 1024  # per GPU: more are not read
+
+
+def _processes(value: object) -> tuple[tuple[int, int], ...] | None:
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value[:MOST_PROCESSES]:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and x >= 0 for x in item)):
+            return None
+        out.append((int(item[0]), int(item[1])))
+    return tuple(out)
 
 
 class _Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _ProcessInfo(ctypes.Structure):
+    # nvmlProcessInfo_t (nvml.h, the _v3 queries)
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE: a process whose use NVML cannot tell
+
+
+def _nvml_processes(nvml: ctypes.CDLL, handle: ctypes.c_void_p) -> tuple[tuple[int, int], ...] | None:
+    """What each process holds on the GPU (CUDA's and graphics', Vulkan's, added up by pid); None when NVML
+    cannot say (an old driver, a process whose use is not available)."""
+    held: dict[int, int] = {}
+    for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"):
+        query = getattr(nvml, name, None)
+        if query is None:
+            return None
+        infos = (_ProcessInfo * 64)()
+        count = ctypes.c_uint(64)
+        if query(handle, ctypes.byref(count), infos) != 0:
+            return None
+        for info in infos[: min(count.value, 64)]:
+            if info.usedGpuMemory == NOT_AVAILABLE:
+                return None
+            held[int(info.pid)] = held.get(int(info.pid), 0) + int(info.usedGpuMemory)
+    return tuple(sorted(held.items()))
 
 
 class _PciInfo(ctypes.Structure):
@@ -134,6 +184,7 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
                     uuid=uuid.value.decode() if nvml.nvmlDeviceGetUUID(handle, uuid, 96) == 0 else None,
                     total_bytes=int(memory.total),
                     free_bytes=int(memory.free),
+                    processes=_nvml_processes(nvml, handle),
                 )
             )
         return FreeReport(tuple(readings), driver, f"NVML (driver {driver}): {len(readings)} GPU(s)")

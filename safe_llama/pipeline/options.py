@@ -31,6 +31,7 @@ def plan_options(
     llama_version: str | None,
     kv_split: bool | None,
     rpc_memory: str | None = None,
+    share: str | None = None,
     origins: Mapping[str, str] | None = None,
 ) -> PlanOptions:
     from safe_llama.device.declared import declared_limits
@@ -53,6 +54,7 @@ def plan_options(
             f"{CTX_MOST:,}",
             ExitStatus.USAGE,
         )
+    fraction = None if share is None else share_fraction(share, _where("share", origins))
     declared = declared_limits(
         profile=profile,
         max_alloc=max_alloc,
@@ -69,7 +71,23 @@ def plan_options(
         llama_bin=llama_bin,
         llama_version=llama_version,
         kv_split=kv_split,
+        share=fraction,
     )
+
+
+LEAST_SHARE = 0.01
+
+
+def share_fraction(text: str, where: str) -> float:
+    """--share's value: a plain decimal above 0 and at most 1 (0.5, .33, 1)."""
+    digits = text.strip()
+    plain = digits.isascii() and len(digits) <= 12 and digits.replace(".", "", 1).isdigit()
+    value = float(digits) if plain else -1.0
+    if not LEAST_SHARE <= value <= 1:
+        raise SafeLlamaError(
+            f"safe-llama: {where}: {_shown(text)} is not a share from {LEAST_SHARE} to 1 (e.g. 0.5)", ExitStatus.USAGE
+        )
+    return value
 
 
 def _shown(text: str) -> str:
@@ -106,6 +124,7 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
         integrated=own_options.integrated(settings),
         host_memory=settings.get("host_memory"),
         rpc_memory=settings.get("rpc_memory"),
+        share=settings.get("share"),
         llama_bin=settings.get("bin_dir"),
         llama_version=settings.get("llama_version"),
         kv_split=None,

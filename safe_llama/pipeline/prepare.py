@@ -16,8 +16,11 @@ from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
+from safe_llama.device.free_memory import match_reading
+from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import LlamaDevice
+from safe_llama.device.reservations import NO_OTHERS, Launch, Others, device_key, host_limits_with, others, visible_of
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
@@ -49,6 +52,7 @@ class PlanOptions:
     llama_bin: str | None = None
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
+    share: float | None = None  # --share: at most this part of the device's and the host's memory
 
 
 DEFAULT_ATTEMPTS = 4
@@ -81,6 +85,9 @@ class Prepared:
     # secret others can read (key_warnings)
     announce: tuple[str, ...] = ()
     device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
+    others: Others = NO_OTHERS  # the other safe-llama launches on this machine (the ledger) and what they reserved
+    device_key: str = ""  # the device's key in the ledger (device.reservations.device_key)
+    cgroup_dir: str = ""  # the cgroup folder whose limit the plan keeps to ("" none)
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
@@ -190,6 +197,7 @@ def _prepare(
         if options.llama_bin:
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
+    launches, children, resident = _ledger(env)  # before the probes: what is resident now is charged by then
     report = probe_devices(
         binary=binary, command=cmd, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers,
         nvml=nvml,
@@ -216,10 +224,84 @@ def _prepare(
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
     target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
+    launches += _arrived(env, launches)
+    reading, _ = match_reading(report.target.listed, report.target.pci, report.free.readings, env)
+    key = device_key(
+        target.backend, target.device, reading.uuid if reading else None, report.target.pci_bdf
+    ) if target.on_gpu else ""  # fmt: skip
+    gpu_use = dict(reading.processes) if reading is not None and reading.processes is not None else None
+    seen = others(launches, visible_of(children, resident, gpu_use), device=key, cgroup=report.host.cgroup_dir or "")
+    target = _shared(target, seen, options.share, report.host)
     prepared = Prepared(
-        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+        cmd,
+        req,
+        path,
+        facts,
+        target,
+        binary,
+        None,
+        None,
+        source,
+        layout,
+        notes,
+        announce,
+        report.target,
+        seen,
+        key,
+        report.host.cgroup_dir or "",
     )
     return replan(prepared, options, Lessons(), env)
+
+
+def _ledger(env: Mapping[str, str]) -> tuple[tuple[Launch, ...], dict[int, tuple[int, ...]], dict[int, int]]:
+    """The other live launches in the ledger, their children, and the resident bytes of both."""
+    from safe_llama.device import ledger
+
+    launches = ledger.read_all(env, but=os.getpid())
+    if not launches:
+        return (), {}, {}
+    children = ledger.children([launch.pid for launch in launches])
+    pids = [pid for launch in launches for pid in (launch.pid, *children.get(launch.pid, ()))]
+    return launches, children, ledger.resident(pids)
+
+
+def _arrived(env: Mapping[str, str], known: Sequence[Launch]) -> tuple[Launch, ...]:
+    """The launches that started while this one probed (read again after the probes: they hold nothing yet)."""
+    from safe_llama.device import ledger
+    from safe_llama.device.reservations import ARRIVING
+
+    seen = {launch.pid for launch in known}
+    return tuple(
+        launch
+        for launch in ledger.read_all(env, but=os.getpid())
+        if launch.state == ARRIVING and launch.pid not in seen
+    )
+
+
+def _shared(target: Target, seen: Others, share: float | None, host: HostBudget) -> Target:
+    """The target less what other launches reserved and do not hold yet, and within the share: --share's, else
+    an equal part with the launches that started together and have not planned yet."""
+    why = "--share" if share is not None else f"{1 + seen.arriving} launches started together"
+    share = share if share is not None else seen.implied_share()
+    if seen.device is None and not seen.host_cgroup and not seen.host_ram and share is None:
+        return target
+    ceilings = {"ram": host.total.value} | ({"cgroup": host.cgroup_max.value} if host.cgroup_max is not None else {})
+    limits = host_limits_with(target.limits_on_host, seen, share, ceilings, why)
+    budget = min((limit.budget for limit in limits), key=lambda s: s.value)
+    return replace(
+        target, device_reserved=seen.device, share=share, share_why=why, host_limits=limits, host_budget=budget
+    )
+
+
+def reservation(prepared: Prepared) -> tuple[int, int]:
+    """What this launch's plan reserves: (on its device, with the runtime's own part; on the host)."""
+    decided, target = prepared.plan, prepared.target
+    if decided is None:
+        return 0, 0
+    device = sum(a.bytes for a in decided.allocations if a.buffer == "device total" and a.place == target.device)
+    hosts = {a.host_kind: a.bytes for a in decided.allocations if a.buffer == "host total"}
+    host = hosts.get("cgroup", hosts.get("ram", 0))
+    return (device + target.device_runtime if device else 0), host
 
 
 def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapping[str, str]) -> Prepared:

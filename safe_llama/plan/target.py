@@ -15,6 +15,7 @@ from typing import Any
 from safe_llama.device.host_budget import HostBudget, HostLimit
 from safe_llama.device.limits import DeviceProfile, Sourced
 from safe_llama.device.llama_listing import LlamaDevice
+from safe_llama.device.reservations import shared_device
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.plan.policy import ComputeCosts, Policy
 from safe_llama.units import human
@@ -64,6 +65,10 @@ class Probed:
     # is not ours to plan with
     device_free: Sourced[int] | None = None
     device_free_listed: bool = False  # device_free is llama.cpp's listing (read after it made its context)
+    # what other safe-llama launches reserved on this device and its free figure does not show yet (the ledger)
+    device_reserved: Sourced[int] | None = None
+    share: float | None = None  # --share: at most this part of the device's memory (and the host's, see pipeline)
+    share_why: str = ""  # whose share: "--share", or the launches that start together
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,17 @@ class Target(Lessons, TargetPolicy, Probed):
             return None
         best = memory
         if self.device_free is not None and memory.source == "probed":
-            usable = max(self.device_free.value - self.device_runtime, 0)
+            reserved = self.device_reserved.value if self.device_reserved is not None else 0
+            usable = max(self.device_free.value - self.device_runtime - reserved, 0)
             if usable < best.value:
                 runtime = f" less {human(self.device_runtime)} for its runtime" if self.device_runtime else ""
+                if self.device_reserved is not None:
+                    runtime += f", less {human(reserved)} {self.device_reserved.detail}"
                 best = Sourced(usable, "probed", f"{human(self.device_free.value)} {self.device_free.detail}{runtime}")
+        if self.share is not None:
+            shared = shared_device(memory.value, self.share, self.device_runtime, self.share_why)
+            if shared.value < best.value:
+                best = shared
         if self.device_cap is not None and self.device_cap < best.value:
             best = Sourced(self.device_cap, "learned", f"a start that failed on {self.device or 'the device'}")
         return best

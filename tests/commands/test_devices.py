@@ -108,8 +108,9 @@ def test_the_json_report_is_the_report_with_a_schema(report: DeviceReport) -> No
     data = json.loads(report_json(report))
     assert data["schema"] == 1 and list(data)[1:] == [
         "target", "host", "llama", "llama_note", "opencl", "opencl_cached", "sysfs", "request", "declared",
-        "profile", "rpc", "free", "vulkan", "vulkan_cached",
+        "profile", "rpc", "free", "vulkan", "vulkan_cached", "launches",
     ]  # fmt: skip
+    assert data["launches"] == []
     assert data["llama"] is None and data["llama_note"] == "llama.cpp's own device list is not known: none here"
     assert data["host"]["budget_bytes"] == {"value": 3 * GIB, "source": "declared", "detail": "--host-memory"}
     assert [g["bdf"] for g in data["sysfs"]["gpus"]] == ["0000:00:02.0", "0000:03:00.0"]

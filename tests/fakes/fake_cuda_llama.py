@@ -153,6 +153,36 @@ int nvmlDeviceGetUUID(void *handle, char *out, unsigned int length) {
     (void)handle;
     return copy(out, length, "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b");
 }
+/* per-process use (issue 35's replay): the lines "PID BYTES" of FAKE_PROCESSES_FILE as compute processes; not
+   supported (3) when it is not set, as on a driver that cannot tell */
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; }
+    nvmlProcessInfo_t;
+int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
+    (void)handle;
+    const char *path = getenv("FAKE_PROCESSES_FILE");
+    if (!path) return 3; /* NVML_ERROR_NOT_SUPPORTED */
+    FILE *file = fopen(path, "r");
+    if (!file) return 999;
+    unsigned int n = 0, pid;
+    unsigned long long used;
+    while (fscanf(file, "%u %llu", &pid, &used) == 2) {
+        if (n >= *count) { fclose(file); return 7; }
+        memset(&infos[n], 0, sizeof infos[n]);
+        infos[n].pid = pid;
+        infos[n].usedGpuMemory = used;
+        n++;
+    }
+    fclose(file);
+    *count = n;
+    return 0;
+}
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
+    (void)handle;
+    (void)infos;
+    if (!getenv("FAKE_PROCESSES_FILE")) return 3;
+    *count = 0;
+    return 0;
+}
 int nvmlDeviceGetPciInfo_v3(void *handle, nvmlPciInfo_t *pci) {
     (void)handle;
     memset(pci, 0, sizeof *pci);

@@ -15,13 +15,14 @@ import pytest
 
 from safe_llama.paths import packaged_configs
 
-UNITS = ["safe-llama-server.service", "safe-llama-rpc-server.service"]
+UNITS = ["safe-llama-server.service", "safe-llama-rpc-server.service", "safe-llama-server@.service"]
 GPU_DEVICES = ["DeviceAllow=char-drm rw", "DeviceAllow=/dev/kfd rw", "DeviceAllow=char-nvidia-frontend rw",
                "DeviceAllow=char-nvidia-uvm rw"]  # fmt: skip
 
 
 def exposure(unit: Path, tmp_path: Path) -> float:
-    copy = tmp_path / unit.name  # offline mode reads the file as given, not an installed one
+    # offline mode reads the file as given, not an installed one; a template as one of its instances
+    copy = tmp_path / unit.name.replace("@.", "@chat.")
     shutil.copy2(unit, copy)
     done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(copy)],
                           capture_output=True, text=True, check=False)  # fmt: skip
@@ -38,6 +39,23 @@ def test_the_unit_is_hardened(name: str, tmp_path: Path) -> None:
     for line in GPU_DEVICES:
         assert line in lines
     assert not any(line.startswith(("PrivateDevices=yes", "MemoryDenyWriteExecute=yes")) for line in lines)
+
+
+def test_the_template_shares_the_ledger_and_one_slice() -> None:
+    """Instances of the template read each other's ledger entries: one dynamic user, one runtime directory kept
+    while any runs, one slice whose limit they share; each its own settings file (model, port, share)."""
+    lines = (packaged_configs() / "systemd" / "safe-llama-server@.service").read_text().splitlines()
+    for line in (
+        "DynamicUser=yes",
+        "User=safe-llama",
+        "RuntimeDirectory=safe-llama",
+        "RuntimeDirectoryMode=0700",
+        "RuntimeDirectoryPreserve=yes",
+        "Slice=safe-llama.slice",
+        "EnvironmentFile=/etc/safe-llama/%i.env",
+    ):
+        assert line in lines, line  # fmt: skip
+    assert not any(line.startswith("ExecStart=") and "--port" in line for line in lines)  # the instance's port
 
 
 def test_the_score_tells_a_bare_unit_apart(tmp_path: Path) -> None:
