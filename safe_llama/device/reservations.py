@@ -53,12 +53,14 @@ NOTHING_SEEN = Visible()
 def visible_of(
     children: Mapping[int, Sequence[int]], resident: Mapping[int, int], gpu_use: Mapping[int, int] | None
 ) -> dict[int, Visible]:
-    """Each launcher's Visible: its own and its children's (llama.cpp's) resident bytes, and their device use
-    where the vendor reports it per process (gpu_use: by pid, None when it does not)."""
+    """Each launcher's Visible: its children's (llama.cpp's) resident bytes, and their device use where the
+    vendor reports it per process (gpu_use: by pid, None when it does not)."""
     out = {}
     for pid, kids in children.items():
         device = None if gpu_use is None else sum(gpu_use.get(kid, 0) for kid in kids)
-        host = sum(resident.get(one, 0) for one in (pid, *kids))  # the launcher is in its plan too
+        # its children only: a plan counts its launcher's growth alone (what it held when it probed was charged
+        # then, and is in the figures of every launch that probes after it)
+        host = sum(resident.get(kid, 0) for kid in kids)
         out[pid] = Visible(device, host)
     return out
 
@@ -137,25 +139,34 @@ def others(launches: Sequence[Launch], visible: Mapping[int, Visible], *, device
 
 
 def host_limits_with(
-    limits: Sequence[HostLimit], reserved: Others, share: float | None, ceilings: Mapping[str, int], why: str
+    limits: Sequence[HostLimit],
+    reserved: Others,
+    share: float | None,
+    ceilings: Mapping[str, int],
+    why: str,
+    own: int = 0,
 ) -> tuple[HostLimit, ...]:
     """The host limits less what other launches reserved and the cgroup or RAM does not show yet, and at most
-    the share of each limit's ceiling (ceilings: by kind, the cgroup's memory.max, the RAM's total), each
-    said in its detail."""
+    the share of each limit's ceiling (ceilings: by kind, the cgroup's memory.max, the RAM's total) less what
+    this launcher holds already (own: charged before its plan, which counts only its growth), each said in
+    its detail."""
     out = []
     for limit in limits:
         budget = limit.budget
         minus = {"cgroup": reserved.host_cgroup, "ram": reserved.host_ram}.get(limit.kind, 0)
-        if minus:
+        if minus and budget.source != "declared":  # a declared budget is the user's word, as a declared device
             budget = Sourced(
                 max(budget.value - minus, 0),
                 budget.source,
                 f"{budget.detail}, less {human(minus)} other safe-llama launches reserved and do not hold yet",
             )
         ceiling = ceilings.get(limit.kind)
-        if share is not None and ceiling is not None and int(ceiling * share) < budget.value:
+        if share is not None and ceiling is not None and int(ceiling * share) - own < budget.value:
+            held = f" less {human(own)} this launcher holds" if own else ""
             budget = Sourced(
-                int(ceiling * share), "declared", f"share {share:.2g} of {human(ceiling)} ({limit.kind}, {why})"
+                max(int(ceiling * share) - own, 0),
+                "declared",
+                f"share {share:.2g} of {human(ceiling)} ({limit.kind}, {why}){held}",
             )
         out.append(replace(limit, budget=budget))
     return tuple(out)

@@ -281,12 +281,15 @@ def _arrived(env: Mapping[str, str], known: Sequence[Launch]) -> tuple[Launch, .
 def _shared(target: Target, seen: Others, share: float | None, host: HostBudget) -> Target:
     """The target less what other launches reserved and do not hold yet, and within the share: --share's, else
     an equal part with the launches that started together and have not planned yet."""
+    from safe_llama.device import ledger
+
     why = "--share" if share is not None else f"{1 + seen.arriving} launches started together"
     share = share if share is not None else seen.implied_share()
     if seen.device is None and not seen.host_cgroup and not seen.host_ram and share is None:
         return target
     ceilings = {"ram": host.total.value} | ({"cgroup": host.cgroup_max.value} if host.cgroup_max is not None else {})
-    limits = host_limits_with(target.limits_on_host, seen, share, ceilings, why)
+    own = ledger.resident([os.getpid()]).get(os.getpid(), 0) if share is not None else 0
+    limits = host_limits_with(target.limits_on_host, seen, share, ceilings, why, own)
     budget = min((limit.budget for limit in limits), key=lambda s: s.value)
     return replace(
         target, device_reserved=seen.device, share=share, share_why=why, host_limits=limits, host_budget=budget

@@ -168,3 +168,22 @@ def test_nvidia_driver_loaded_is_its_proc_folder(tmp_path: Path) -> None:
     assert not nvidia_driver_loaded(tmp_path)
     (tmp_path / "driver" / "nvidia").mkdir(parents=True)
     assert nvidia_driver_loaded(tmp_path)
+
+
+def test_nvml_reports_what_each_process_holds(fake_nvml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the driver answers per process (the fake with FAKE_PROCESSES_FILE), each pid's bytes come with the
+    reading and survive the forked read's JSON; where it does not, there is no per-process figure (None)."""
+    assert read_nvml(str(fake_nvml)).readings[0].processes is None
+    (tmp_path / "processes").write_text("1234 66676850688\n5678 1048576\n")
+    monkeypatch.setenv("FAKE_PROCESSES_FILE", str(tmp_path / "processes"))
+    reading = read_nvml(str(fake_nvml)).readings[0]
+    assert reading.processes == ((1234, 66_676_850_688), (5678, 1_048_576))
+    assert read_nvml_isolated(str(fake_nvml)).readings[0] == reading
+    assert reading_from_dict(reading.to_dict()) == reading
+    (tmp_path / "processes").write_text("")
+    assert read_nvml(str(fake_nvml)).readings[0].processes == ()
+
+
+@pytest.mark.parametrize("bad", [[[1]], [[1, -2]], [["1", 2]], "1 2", [[1, 2.5]]])
+def test_a_bad_process_list_reads_as_no_figure(bad: object) -> None:
+    assert reading_from_dict({**H200, "processes": bad}).processes is None

@@ -71,9 +71,9 @@ def test_held_lines_name_the_device_the_bytes_and_who() -> None:
     assert seen.held_lines() == ("CUDA0: 62.10 GiB held by safe-llama server pid 1234 (profile chat)",)
 
 
-def test_visible_of_adds_the_launcher_to_its_children() -> None:
+def test_visible_of_counts_the_children() -> None:
     seen = visible_of({10: (20, 21)}, {10: 30 * MIB, 20: 100 * MIB, 21: 5 * MIB}, {20: 8 * GIB, 99: GIB})
-    assert seen == {10: Visible(8 * GIB, 135 * MIB)}
+    assert seen == {10: Visible(8 * GIB, 105 * MIB)}  # the launcher's own was charged before its plan
     assert visible_of({10: ()}, {}, None) == {10: Visible(None, 0)}
 
 
@@ -102,6 +102,10 @@ def test_host_limits_less_the_unseen_and_within_the_share() -> None:
     shared = host_limits_with(limits, seen, 0.5, {"cgroup": 512 * MIB, "ram": 128 * GIB}, "--share")
     assert shared[1].budget == Sourced(256 * MIB, "declared", "share 0.5 of 512.00 MiB (cgroup, --share)")
     assert shared[0].budget.value == 64 * GIB  # the share of the RAM's total binds below what is available
+    held = host_limits_with(limits, seen, 0.5, {"cgroup": 512 * MIB}, "--share", own=13 * MIB)
+    assert held[1].budget.value == 243 * MIB and held[1].budget.detail.endswith("less 13.00 MiB this launcher holds")
+    declared = (HostLimit("ram", Sourced(4 * GIB, "declared", "--host-memory")),)
+    assert host_limits_with(declared, seen, None, {}, "--share") == declared  # the user's word
 
 
 def test_a_device_share_keeps_the_runtime_inside_it() -> None:

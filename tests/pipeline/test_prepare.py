@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -280,3 +281,37 @@ def test_prepare_with_the_pinned_build_lists_its_devices(model: Path, env: dict[
     found = prepare("completion", ["-m", str(model)], env, HOST_4G, binary=llama_bin / "llama-completion")
     assert found.binary == llama_bin / "llama-completion"  # the caller's binary, not looked up again
     assert os.path.samefile(str(found.binary), str(prepared.binary))
+
+
+def test_prepare_plans_beside_the_launches_in_the_ledger(model: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """A live launch in the ledger (a child of this test stands in for its launcher) that reserved 1 GiB on the
+    host and holds none of it yet: the plan's RAM budget is 1 GiB less, said in its detail, and the launch is
+    listed; with --share 0.5 the budget is at most half the RAM's total."""
+    from safe_llama.device import ledger
+    from safe_llama.device.reservations import PLANNED, Launch
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = env | {"XDG_RUNTIME_DIR": str(runtime)}
+    folder = ledger.own_folder(env)
+    assert folder is not None
+    folder.mkdir(parents=True, mode=0o700)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        start = ledger.start_time(other.pid)
+        assert start is not None
+        entry = Launch(other.pid, start, "server", "profile chat", PLANNED, "", "", 0, GIB, "")
+        ledger.Entry(folder, other.pid).write(entry)
+        prepared = prepare("server", ["-m", str(model)], env, PlanOptions())
+        assert prepared.others.held_lines() == (
+            f"host: 1.00 GiB held by safe-llama server pid {other.pid} (profile chat)",
+        )
+        assert prepared.others.host_ram == GIB  # its launcher has no child: nothing of it is resident yet
+        (ram,) = [limit for limit in prepared.target.limits_on_host if limit.kind == "ram"]
+        assert "less 1.00 GiB other safe-llama launches reserved and do not hold yet" in ram.budget.detail
+        shared = prepare("server", ["-m", str(model)], env, PlanOptions(share=0.5))
+        assert shared.target.host_budget.value <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        assert "share 0.5 of" in shared.target.host_budget.detail
+    finally:
+        other.kill()
+        other.wait()
