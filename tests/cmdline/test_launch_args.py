@@ -27,6 +27,7 @@ def _config(tmp_path: Path, text: str) -> dict[str, str]:
         pytest.param('[launcher]\nmin_ctx = "abc"\n', "[launcher] min_ctx: 'abc' is not a whole number", id="min-ctx"),
         pytest.param("[launcher]\nattempts = 0\n", "[launcher] attempts: 0 is not a whole number", id="attempts-0"),
         pytest.param('[launcher]\nremember = "yes"\n', "[launcher] remember: 'yes' is not true or false", id="flag"),
+        pytest.param('[launcher]\nshare = "half"\n', "[launcher] share: 'half' is not a number (e.g. 0.5)", id="share"),
         pytest.param("[launcher]\nmin_context = 4096\n", "[launcher] min_context: unknown key", id="unknown-key"),
         pytest.param("[launch]\nmin_ctx = 4096\n", "unknown table or key 'launch'", id="unknown-table"),
         pytest.param('launcher = "x"\n', "[launcher] must be a table", id="not-a-table"),

@@ -86,6 +86,20 @@ def test_a_context_floor_below_one_is_an_error() -> None:
     assert launch_options({"min_ctx": "1"}).plan.min_ctx == 1
 
 
+@pytest.mark.parametrize(
+    ("value", "share"),
+    [("0.5", 0.5), (".33", 0.33), ("1", 1.0), (" 0.01 ", 0.01), ("0", None), ("1.5", None), ("0.5x", None),
+     ("nan", None), ("-0.5", None), ("1e-1", None), ("½", None), ("0." + "1" * 20, None)],
+)  # fmt: skip
+def test_a_share_is_a_plain_decimal_from_a_hundredth_to_one(value: str, share: float | None) -> None:
+    if share is None:
+        assert usage({"share": value}, {"share": "SAFE_LLAMA_SHARE"}) == (
+            f"safe-llama: SAFE_LLAMA_SHARE: {value!r} is not a share from 0.01 to 1 (e.g. 0.5)"
+        )
+    else:
+        assert launch_options({"share": value}).plan.share == share
+
+
 def test_a_number_that_is_not_one_names_where_it_was_set() -> None:
     assert (
         usage({"min_ctx": "4k"})
