@@ -22,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -30,6 +31,15 @@ from safe_llama.device.ledger import children  # noqa: E402
 from safe_llama.device.probe_free import read_nvml_isolated  # noqa: E402
 
 Launched = tuple[subprocess.Popen[bytes], int]
+# each process's output goes to a file (a pipe nobody reads while it runs could fill and stop it): by pid
+_LOGS: dict[int, IO[bytes]] = {}
+
+
+def _spawn(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _stop, once the process has ended)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    _LOGS[proc.pid] = log
+    return proc
 
 
 def _port() -> int:
@@ -73,8 +83,10 @@ def _stop(launched: list[Launched]) -> list[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        assert proc.stdout is not None
-        logs.append(proc.stdout.read().decode(errors="replace"))
+        log = _LOGS.pop(proc.pid)
+        log.seek(0)
+        logs.append(log.read().decode(errors="replace"))
+        log.close()
     return logs
 
 
@@ -94,13 +106,7 @@ class Case:
             env = self.env | {"XDG_CACHE_HOME": str(self.runtime.parent / f"{cache}{i}")}
             own = ["--share", str(share)] if share is not None else []
             argv = [sys.executable, "-m", "safe_llama", *own, "server", "-m", self.ns.model, *self.ns.args.split()]
-            proc = subprocess.Popen(
-                [*argv, "--host", "127.0.0.1", "--port", str(port)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
+            proc = _spawn([*argv, "--host", "127.0.0.1", "--port", str(port)], env)
             out.append((proc, port))
         return out
 
@@ -166,12 +172,7 @@ def _bare_starts(ns: argparse.Namespace, argv: list[str], ctx: int, timeout: flo
     port = _port()
     trial = list(argv)
     trial[trial.index("-c") + 1] = str(ctx)
-    proc = subprocess.Popen(
-        [str(Path(ns.bin_dir) / "llama-server"), *trial, "--host", "127.0.0.1", "--port", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = _spawn([str(Path(ns.bin_dir) / "llama-server"), *trial, "--host", "127.0.0.1", "--port", str(port)])
     ready = _ready([(proc, port)], timeout)[0]
     _stop([(proc, port)])
     return ready

@@ -21,13 +21,14 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_host_limits import MIB, Limit, stop, wait_ready  # noqa: E402
+from benchmarks.bench_host_limits import MIB, Limit, wait_ready  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
@@ -93,14 +94,16 @@ def pair(
 ) -> Iterator[dict[str, object]]:
     """The commands started at the same moment in one fresh group; yields what was seen once both answered or
     one failed: ready, the ports, the group."""
-    with group(limit) as folder:
+    with group(limit) as folder, ExitStack() as files:
         ports = [free_port() for _ in commands]
+        # logs to files, not pipes: a pipe nobody reads while the requests run fills, and the server stops on it
+        logs = [files.enter_context(tempfile.TemporaryFile()) for _ in commands]
 
         def enter() -> None:
             (folder / "cgroup.procs").write_text(str(os.getpid()))
 
         procs = [
-            subprocess.Popen([*command, "--port", str(port)], env=env_of(i), stdout=subprocess.PIPE,
+            subprocess.Popen([*command, "--port", str(port)], env=env_of(i), stdout=logs[i],
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=enter)
             for i, (command, port) in enumerate(zip(commands, ports, strict=True))
         ]  # fmt: skip
@@ -109,7 +112,19 @@ def pair(
             seen["ready"] = [wait_ready(proc, port, 180) for proc, port in zip(procs, ports, strict=True)]
             yield seen
         finally:
-            seen["logs"] = [stop(proc) for proc in procs]
+            seen["logs"] = [_stop(proc, log) for proc, log in zip(procs, logs, strict=True)]
+
+
+def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> str:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def serve_together(seen: dict[str, object], contexts: list[int]) -> bool:

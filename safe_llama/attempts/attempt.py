@@ -42,6 +42,7 @@ class Supervision:
     say: Say
     notifier: Notifier
     table: SignatureTable
+    ready: Callable[[], None] | None = None  # told when an attempt is ready (the ledger entry says so)
 
 
 def run_attempt(
@@ -68,7 +69,7 @@ def run_attempt(
     notifier = shared.notifier
     notifier.status(status)
     on_ready = ReadyActions(shared.say, notifier, number)
-    on_ready.store, on_ready.record = store, record
+    on_ready.store, on_ready.record, on_ready.ledger = store, record, shared.ready
     probe = probe_for(tool, argv[1:], env)
     on_ready.health = probe.healthy if isinstance(probe, HealthProbe) else None
     notifier.extend_timeout(EXTEND_TIMEOUT)
@@ -102,6 +103,7 @@ class ReadyActions:
         self.store: tuple[str, Prepared, Mapping[str, str]] | None = None
         self.record: Callable[[], None] | None = None  # the launch record, once the plan is remembered
         self.health: Callable[[], bool] | None = None
+        self.ledger: Callable[[], None] | None = None  # the launch's ledger entry, marked ready
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -111,6 +113,8 @@ class ReadyActions:
             if remember_plan(digest, prepared, env) and self.record is not None:
                 self.record()
         self.notifier.ready(f"ready (attempt {self.attempt})")
+        if self.ledger is not None:
+            self.ledger()
         interval = self.notifier.watchdog_interval
         if interval is not None:
             # started from inside supervise.supervise_child, so the thread inherits its blocked signal mask

@@ -161,7 +161,7 @@ def _attempts(
     from safe_llama.process import workers
 
     raw_env = recorder.raw if recorder is not None else env
-    shared = Supervision(say, Notifier(raw_env), table)
+    shared = Supervision(say, Notifier(raw_env), table, entry.ready if entry is not None else None)
     if prepared is not None and first is None:  # an early start said them already
         for line in prepared.others.held_lines():
             _say(say, line, recorder)

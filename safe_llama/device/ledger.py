@@ -20,11 +20,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from safe_llama import trust
-from safe_llama.device.reservations import ARRIVING, PLANNED, Launch
+from safe_llama.device.reservations import ARRIVING, PLANNED, READY, Launch
 
 SYSTEM_FOLDER = Path("/run/safe-llama")
 LEDGER = "ledger"  # the folder under a runtime directory
@@ -84,7 +84,7 @@ def _parse(raw: bytes) -> Launch | None:
             return None
         if isinstance(value, str) and (len(value) > 256 or not value.isprintable()):
             return None
-    if data["pid"] < 1 or data["state"] not in (ARRIVING, PLANNED):
+    if data["pid"] < 1 or data["state"] not in (ARRIVING, PLANNED, READY):
         return None
     return Launch(**data)
 
@@ -156,6 +156,12 @@ def fingerprint(folder_list: Sequence[Path]) -> str:
     return "|".join(sorted(marks))
 
 
+def foreign(pids: Sequence[int], proc: Path = Path("/proc")) -> bool:
+    """Whether none of these pids is a process here: NVML reports another pid namespace's (a container's
+    host), so its per-process figure cannot be matched to a launch."""
+    return bool(pids) and not any((proc / str(pid)).exists() for pid in pids)
+
+
 def children(pids: Sequence[int], proc: Path = Path("/proc")) -> dict[int, tuple[int, ...]]:
     """The child processes of each pid (llama.cpp under its launcher), from every /proc/PID/stat's parent."""
     wanted = set(pids)
@@ -217,6 +223,7 @@ class Entry:
     def __init__(self, folder: Path, pid: int) -> None:
         self.path = folder / f"{pid}.json"
         self.written = False
+        self.launch: Launch | None = None
 
     def write(self, launch: Launch) -> None:
         temporary = self.path.with_suffix(".tmp")
@@ -225,6 +232,13 @@ class Entry:
             json.dump(asdict(launch), file)
         os.replace(temporary, self.path)
         self.written = True
+        self.launch = launch
+
+    def ready(self) -> None:
+        """Its llama.cpp is ready: everything it planned is allocated (and in the figures others read)."""
+        if self.written and self.launch is not None:
+            with contextlib.suppress(OSError):
+                self.write(replace(self.launch, state=READY))
 
     def remove(self) -> None:
         if self.written:

@@ -15,7 +15,8 @@ from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.units import human
 
-ARRIVING, PLANNED = "arriving", "planned"  # a launch's state in the ledger: not planned yet; planned (its bytes)
+# a launch's state in the ledger: started, not planned yet; planned (its bytes); its llama.cpp ready (all allocated)
+ARRIVING, PLANNED, READY = "arriving", "planned", "ready"
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Launch:
     start: int  # the launcher's start time (clock ticks after boot, /proc/PID/stat field 22): a reused pid differs
     tool: str  # cli | server | completion
     label: str  # who it is for people: "profile chat" (a unit's instance), "model NAME.gguf"
-    state: str  # ARRIVING (started, not planned yet: its bytes are 0) or PLANNED
+    state: str  # ARRIVING (started, not planned yet: its bytes are 0), PLANNED or READY
     device: str  # the device's key (device_key); "" when the plan puts nothing on a device
     device_name: str  # llama.cpp's name for it (CUDA0)
     device_bytes: int  # what the plan puts there, with the runtime's own part
@@ -40,8 +41,9 @@ class Launch:
 @dataclass(frozen=True)
 class Visible:
     """What of one launch the machine shows now, read with the figure the plan starts from: its llama.cpp's use
-    of the device (NVML, per process) and its resident memory; None where no such figure exists: then the whole
-    reservation counts (the safe side: where part of it is allocated already, that part counts twice)."""
+    of the device (NVML, per process) and its resident memory; None where no such figure exists: then a READY
+    launch counts as all allocated and a PLANNED one as none (the safe side: what it allocated already counts
+    twice until it is ready)."""
 
     device_bytes: int | None = None
     host_bytes: int | None = None
@@ -60,7 +62,7 @@ def visible_of(
         device = None if gpu_use is None else sum(gpu_use.get(kid, 0) for kid in kids)
         # its children only: a plan counts its launcher's growth alone (what it held when it probed was charged
         # then, and is in the figures of every launch that probes after it)
-        host = sum(resident.get(kid, 0) for kid in kids)
+        host = sum(resident.get(kid, 0) for kid in kids) if kids else None  # none seen: hidden, or not started
         out[pid] = Visible(device, host)
     return out
 
@@ -75,18 +77,20 @@ def device_key(backend: str, name: str | None, uuid: str | None, pci_bdf: str | 
     return f"{backend} {name}" if name else ""
 
 
-def _unseen(reserved: int, seen: int | None) -> int:
-    return reserved if seen is None else max(reserved - seen, 0)
+def _unseen(reserved: int, seen: int | None, state: str) -> int:
+    if seen is None:
+        return 0 if state == READY else reserved
+    return max(reserved - seen, 0)
 
 
 def unseen_device(launch: Launch, visible: Visible) -> int:
     """The part of a launch's device reservation the device's free figure does not show yet."""
-    return _unseen(launch.device_bytes, visible.device_bytes)
+    return _unseen(launch.device_bytes, visible.device_bytes, launch.state)
 
 
 def unseen_host(launch: Launch, visible: Visible) -> int:
     """The part of its host reservation neither its cgroup's charge nor MemAvailable shows yet."""
-    return _unseen(launch.host_bytes, visible.host_bytes)
+    return _unseen(launch.host_bytes, visible.host_bytes, launch.state)
 
 
 @dataclass(frozen=True)

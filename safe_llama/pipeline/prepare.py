@@ -230,6 +230,8 @@ def _prepare(
         target.backend, target.device, reading.uuid if reading else None, report.target.pci_bdf
     ) if target.on_gpu else ""  # fmt: skip
     gpu_use = dict(reading.processes) if reading is not None and reading.processes is not None else None
+    if gpu_use and launches and _foreign(gpu_use):
+        gpu_use = None  # NVML's pids are another namespace's: matched to no launch
     seen = others(launches, visible_of(children, resident, gpu_use), device=key, cgroup=report.host.cgroup_dir or "")
     target = _shared(target, seen, options.share, report.host)
     prepared = Prepared(
@@ -263,6 +265,12 @@ def _ledger(env: Mapping[str, str]) -> tuple[tuple[Launch, ...], dict[int, tuple
     children = ledger.children([launch.pid for launch in launches])
     pids = [pid for launch in launches for pid in (launch.pid, *children.get(launch.pid, ()))]
     return launches, children, ledger.resident(pids)
+
+
+def _foreign(gpu_use: Mapping[int, int]) -> bool:
+    from safe_llama.device import ledger
+
+    return ledger.foreign(list(gpu_use))
 
 
 def _arrived(env: Mapping[str, str], known: Sequence[Launch]) -> tuple[Launch, ...]:

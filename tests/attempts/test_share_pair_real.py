@@ -71,8 +71,12 @@ def test_a_launch_is_in_the_ledger_while_it_runs(tmp_path: Path, llama_bin: Path
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and not healthy(port):
             time.sleep(0.1)
-        (launch,) = ledger.read(folder)
-        assert (launch.pid, launch.state, launch.label) == (proc.pid, "planned", "model tiny.gguf")
+        states = []
+        while time.monotonic() < deadline and "ready" not in states:  # marked once the supervisor sees it ready
+            (launch,) = ledger.read(folder)
+            states.append(launch.state)
+            time.sleep(0.05)
+        assert (launch.pid, launch.state, launch.label) == (proc.pid, "ready", "model tiny.gguf")
         assert launch.host_bytes > 0
     finally:
         proc.terminate()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.device import ledger
-from safe_llama.device.reservations import ARRIVING, PLANNED, Launch
+from safe_llama.device.reservations import ARRIVING, PLANNED, READY, Launch
 
 UUID = "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b"
 
@@ -148,6 +148,17 @@ def test_the_lock_waits_for_another_and_says_so(folder: Path) -> None:
     with ledger.locked(folder, said.append, wait=0.05):
         pass
     assert said == []
+
+
+def test_ready_rewrites_the_entry_and_foreign_pids_are_told(folder: Path) -> None:
+    entry = ledger.Entry(folder, os.getpid())
+    entry.ready()  # nothing written yet: nothing to mark
+    assert ledger.read(folder) == ()
+    entry.write(_mine())
+    entry.ready()
+    assert ledger.read(folder) == (_mine(state=READY),)
+    assert ledger.foreign([1 << 22, (1 << 22) + 1]) and not ledger.foreign([os.getpid(), 1 << 22])
+    assert not ledger.foreign([])
 
 
 def test_label_names_the_template_units_instance(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from safe_llama.device.limits import Sourced
 from safe_llama.device.reservations import (
     ARRIVING,
     PLANNED,
+    READY,
     Launch,
     Visible,
     device_key,
@@ -48,6 +49,14 @@ def test_a_reservation_counts_what_the_figure_does_not_show(reserved: int, seen:
     assert unseen_host(launch, Visible(None, seen)) == unseen
 
 
+def test_without_a_figure_a_ready_launch_is_all_allocated_and_a_planned_one_none() -> None:
+    nothing = Visible(None, None)
+    assert unseen_device(_launch(1, 8 * GIB, GIB, state=READY), nothing) == 0
+    assert unseen_host(_launch(1, 8 * GIB, GIB, state=READY), nothing) == 0
+    assert unseen_device(_launch(1, 8 * GIB, GIB, state=PLANNED), nothing) == 8 * GIB
+    assert unseen_device(_launch(1, 8 * GIB, GIB, state=READY), Visible(2 * GIB, None)) == 6 * GIB  # a figure wins
+
+
 def test_others_counts_each_launch_once_where_it_is() -> None:
     here = _launch(10, 62 * GIB, 300 * MIB)
     other_gpu = _launch(11, 40 * GIB, 100 * MIB, key="GPU-other", cgroup="/sys/fs/cgroup/memory/else")
@@ -74,7 +83,7 @@ def test_held_lines_name_the_device_the_bytes_and_who() -> None:
 def test_visible_of_counts_the_children() -> None:
     seen = visible_of({10: (20, 21)}, {10: 30 * MIB, 20: 100 * MIB, 21: 5 * MIB}, {20: 8 * GIB, 99: GIB})
     assert seen == {10: Visible(8 * GIB, 105 * MIB)}  # the launcher's own was charged before its plan
-    assert visible_of({10: ()}, {}, None) == {10: Visible(None, 0)}
+    assert visible_of({10: ()}, {}, None) == {10: Visible(None, None)}  # no child seen: no figure
 
 
 @pytest.mark.parametrize(
