@@ -95,7 +95,9 @@ def read_all(
                     facts = facts_from_json(entry["facts"])  # type: ignore[arg-type]
                     if facts.path == path:
                         read = Read(path, st.st_size, facts, None, True)
-        if read is None:
+        if read is not None:
+            entries[path] = entries.pop(path)  # the most recently read stays longest
+        else:
             try:
                 facts = reader(path)
                 read = Read(path, st.st_size, facts, None, False)
