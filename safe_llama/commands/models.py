@@ -8,6 +8,7 @@ pipeline.model_index's, the verdicts pipeline.model_fits'.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline.model_fits import Asked, Place, Verdict, verdict
 from safe_llama.pipeline.model_index import Read
@@ -57,7 +59,10 @@ def shown(text: str) -> str:
 
 
 def _ctx_words(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+    """A context in cells, in thousands (of 1024) where it is a whole number of them."""
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}k"
+    return str(n)
 
 
 def _takes(v: Verdict, place: Place, n_layer: int) -> str:
@@ -112,13 +117,15 @@ def render_text(places: Sequence[Place], rows: Sequence[Row]) -> str:
 
 
 def _size(path: str | None) -> int:
-    try:
-        return os.stat(path).st_size if path else 0
-    except OSError:
-        return 0
+    """A file's bytes; nothing for no file or one that cannot be read."""
+    size = 0
+    if path:
+        with contextlib.suppress(OSError):
+            size = os.stat(path).st_size
+    return size
 
 
-def _verdict_json(v: Verdict) -> dict[str, Any]:
+def _verdict_json(v: Verdict, facts: ModelFacts, place: Place) -> dict[str, Any]:
     p = v.plan
     return {
         "fits": p is not None,
@@ -130,7 +137,7 @@ def _verdict_json(v: Verdict) -> dict[str, Any]:
         "argv_changes": {k: v for k, v in p.argv_changes.items()} if p else None,
         "env_changes": dict(p.env_changes) if p else None,
         "steps": [{"name": s.name, "reason": s.reason} for s in p.steps] if p else [],
-        "memory": {place: dict(items) for place, items in v.memory.items()},
+        "memory": v.memory(facts, place),
     }
 
 
@@ -150,6 +157,7 @@ def render_json(places: Sequence[Place], rows: Sequence[Row]) -> str:
         for p in places
     ]
     models = []
+    by_name = {p.name: p for p in places}
     for r in sorted(rows, key=lambda r: (-r.best, r.found.name)):
         facts = r.read.facts if r.read is not None else None
         models.append(
@@ -168,7 +176,7 @@ def render_json(places: Sequence[Place], rows: Sequence[Row]) -> str:
                 "context_length": facts.context_length if facts else None,
                 "weight_bytes": facts.total_weight_bytes if facts else None,
                 "ctx_asked": r.ceiling or None,
-                "places": {v.place: _verdict_json(v) for v in r.verdicts},
+                "places": {v.place: _verdict_json(v, facts, by_name[v.place]) for v in r.verdicts if facts},
             }
         )
     return json.dumps({"devices": devices, "models": models}, indent=1) + "\n"

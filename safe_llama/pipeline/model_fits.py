@@ -43,7 +43,11 @@ class Verdict:
     place: str
     plan: Plan | None  # None: nothing fits there (error says what)
     error: str | None
-    memory: Mapping[str, Mapping[str, int]]  # bytes per place and item (plan.memory.memory_by_place)
+    settings: LlamaSettings  # the plan's, or what was asked when nothing fits
+
+    def memory(self, facts: ModelFacts, place: Place) -> dict[str, dict[str, int]]:
+        """Bytes per place and item (plan.memory.memory_by_place): for --json only, as it costs a plan's worth."""
+        return memory_by_place(facts, self.settings, place.target)
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,5 @@ def verdict(
         if err.status != ExitStatus.NOTHING_FITS:
             raise
         settings = LlamaSettings(kv=want.request.kv, layout=layout)
-        return Verdict(place.name, None, err.message.removeprefix("safe-llama: "),
-                       memory_by_place(facts, settings, place.target))  # fmt: skip
-    return Verdict(place.name, decided, None, memory_by_place(facts, decided.settings, place.target))
+        return Verdict(place.name, None, err.message.removeprefix("safe-llama: "), settings)
+    return Verdict(place.name, decided, None, decided.settings)

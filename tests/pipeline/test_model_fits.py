@@ -44,7 +44,7 @@ def test_a_roomy_host_gets_the_trained_context_at_every_type(tmp_path: Path, pol
     facts = load_model_facts(write_tiny_gguf(tmp_path / "m.gguf", head_dim=64, n_ctx_train=8192))
     v = verdict(facts, asked("completion", [], {}), _host(16 * GIB, policy), policy, PlanOptions())
     assert v.plan is not None and dict(v.plan.ctx_by_type) == {"f16": 8192, "q8_0": 8192, "q4_0": 8192}
-    assert v.memory["host"]["weights"] == facts.total_weight_bytes
+    assert v.memory(facts, _host(16 * GIB, policy))["host"]["weights"] == facts.total_weight_bytes
 
 
 def test_nothing_fits_is_a_verdict_not_an_error(tmp_path: Path, policy: Policy) -> None:
