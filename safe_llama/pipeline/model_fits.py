@@ -114,7 +114,13 @@ def places(
         target = _target(report, options, version, env, policy)
         if target.on_gpu:
             free = target.device_free or target.device_memory
-            said = f"{human(free.value)} free" if free is not None else "memory unknown"
+            said = (
+                f"{human(free.value)} free"
+                if free is not None
+                else f"integrated: the host's {human(target.host_budget.value)}"
+                if target.integrated
+                else "memory unknown"
+            )
             return Place(target.device or target.backend, f"{report.target.description}, {said}", target)
         budget = target.host_budget
         return Place("host", f"{human(budget.value)} ({budget.source}: {budget.detail})", target)

@@ -18,7 +18,7 @@ from safe_llama.model.bundled import bundled_model_path
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import ctx_unit
 from safe_llama.paths import packaged_configs
-from safe_llama.pipeline.model_fits import Place, asked, verdict
+from safe_llama.pipeline.model_fits import Place, asked, places, verdict
 from safe_llama.pipeline.prepare import PlanOptions
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Lessons, Probed, Target, target_policy
@@ -121,3 +121,36 @@ def test_the_largest_context_starts_for_real_and_the_next_step_does_not_fit(
         checked += 1
     assert not problems, problems
     assert checked >= 20
+
+
+@pytest.mark.slow
+def test_on_lavapipe_the_largest_context_starts_for_real(tmp_path: Path, vulkan_bin: Path, policy: Policy) -> None:
+    """The same on the Vulkan build's lavapipe device, probed as a launch probes it (its maxStorageBufferRange, 128
+    MiB, caps one layer's K): the f16 context reported for Vulkan0 starts there with every layer on it, and the
+    next step above does not fit by the plan."""
+    env = {**clean_env(), "GGML_VK_VISIBLE_DEVICES": "0"}
+    options = PlanOptions(llama_bin=str(vulkan_bin))
+    place = next(p for p in places("completion", [], env, options, policy) if p.name == "Vulkan0")
+    shapes = [(16, 256, 131072), (8, 256, 131072), (32, 128, 65536), (8, 128, 1_000_000), (4, 256, 262144)]
+    checked = []
+    for i, (kv_heads, head_dim, trained) in enumerate(shapes):
+        model = write_tiny_gguf(tmp_path / f"wide{i}.gguf", n_layer=2, n_head=kv_heads, n_head_kv=kv_heads,
+                                head_dim=head_dim, n_ff=64, n_ctx_train=trained)  # fmt: skip
+        facts = load_model_facts(model)
+        v = verdict(facts, asked("completion", [], env), place, policy, options)
+        assert v.plan is not None
+        best = v.plan.ctx_by_type["f16"]
+        assert 0 < best < trained, (model.name, best)
+        step = ctx_unit(replace(v.plan.settings.kv, n_ctx=best))
+        above = verdict(facts, asked("completion", ["-c", str(best + step)], env), place, policy,
+                        replace(options, ladder=()))  # fmt: skip
+        assert above.plan is None, (model.name, best + step)
+        run = subprocess.run(
+            [str(vulkan_bin / "llama-completion"), "-m", str(model), "-c", str(best), "-ngl", "99", "-n", "1",
+             "-p", "hi", "--no-warmup", "-no-cnv", "-t", "1", "-v"],
+            env=env, capture_output=True, text=True, errors="replace", timeout=300, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        logged = N_CTX.findall(run.stdout + run.stderr)
+        assert run.returncode == 0 and logged and int(logged[-1]) == best, (model.name, best, run.stderr[-2000:])
+        checked.append(best)
+    assert len(checked) == len(shapes)
