@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from safe_llama.cmdline.llama_args import CommandLine, parse
 from safe_llama.cmdline.memory_flags import Layout, LlamaSettings, gpu_layers
@@ -19,14 +18,11 @@ from safe_llama.cmdline.request import Request, to_request
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.paths import cache_dir, config_dir, configs_dir
-from safe_llama.pipeline.prepare import PlanOptions
+from safe_llama.pipeline.prepare import PlanOptions, probed_target
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Lessons, Target, target_from, target_policy
-
-if TYPE_CHECKING:
-    from safe_llama.device.probing import DeviceReport
+from safe_llama.plan.target import Lessons, Target, target_policy
 
 
 @dataclass(frozen=True)
@@ -56,25 +52,12 @@ class Asked:
 
     cmd: CommandLine
     request: Request
+    env: Mapping[str, str]  # what llama.cpp would inherit (the user's stateful execution, NEO filter)
 
 
 def asked(tool: str, args: Sequence[str], env: Mapping[str, str]) -> Asked:
     cmd = parse(tool, args, env)
-    return Asked(cmd, to_request(cmd))
-
-
-def _target(report: DeviceReport, options: PlanOptions, version: str | None, env: Mapping[str, str],
-            policy: Policy) -> Target:  # fmt: skip
-    """The planner's target for a probed device, as prepare and replan make it."""
-    probed = target_from(
-        report.target,
-        report.host,
-        binary_version=version,
-        profile=report.profile,
-        kv_split=options.kv_split,
-        malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
-    )
-    return Target.of(probed, target_policy(policy, probed), Lessons())
+    return Asked(cmd, to_request(cmd), env)
 
 
 def load_planner_policy(env: Mapping[str, str]) -> Policy:
@@ -108,10 +91,8 @@ def places(
         finally:
             if nvml is not None:
                 nvml.cancel()
-        version = options.llama_version or (
-            report.llama.version.version if report.llama and report.llama.version else None
-        )
-        target = _target(report, options, version, env, policy)
+        probed = probed_target(report, options, env)
+        target = Target.of(probed, target_policy(policy, probed), Lessons())  # as replan makes it
         if target.on_gpu:
             free = target.device_free or target.device_memory
             said = (
@@ -165,7 +146,7 @@ def verdict(
             user_ngl=gpu_layers(want.cmd),
             floor=options.min_ctx,
             layout=layout,
-            user_env={},
+            user_env=want.env,
         )
     except SafeLlamaError as err:
         if err.status != ExitStatus.NOTHING_FITS:

@@ -139,9 +139,11 @@ def _hf(root: Path, budget: list[int]) -> list[Found]:
     for repo in sorted(root.glob("models--*")):
         name = repo.name.removeprefix("models--").replace("--", "/")
         try:
-            main = (repo / "refs" / "main").read_text(errors="replace").strip()[:100]
+            with open(repo / "refs" / "main", "rb") as f:
+                main = f.read(100).decode(errors="replace").strip()  # a commit hash: 40 characters
         except OSError:
             main = ""
+        main = main if main.isalnum() else ""
         snaps = [repo / "snapshots" / main] if main and (repo / "snapshots" / main).is_dir() else []
         snaps = snaps or sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir())
         for snap in snaps:
@@ -166,7 +168,8 @@ def _manifest_layers(path: Path) -> list[tuple[str, str]] | None:
     """(mediaType, digest) of an Ollama manifest's layers; None when it is not one."""
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read(MAX_MANIFEST + 1)[: MAX_MANIFEST + 1])
+            text = f.read(MAX_MANIFEST + 1)
+        data = json.loads(text) if len(text) <= MAX_MANIFEST else None
     except (OSError, ValueError):
         return None
     layers = data.get("layers") if isinstance(data, dict) else None
