@@ -166,3 +166,56 @@ def test_the_h200_listing_replayed(tmp_path: Path, policy: Policy) -> None:
     big = next(r for r in rows if r.found.name == "big.gguf")
     on_gpu = next(v for v in big.verdicts if v.place == "Vulkan0")
     assert on_gpu.plan is not None and on_gpu.plan.ctx_by_type["q8_0"] == 970_752
+
+
+CUDA = FIXTURES / "nvidia-h200-cuda" / "shared-gpu"
+
+
+def _cuda0(free: int, policy: Policy) -> Place:
+    """CUDA0 of the H200 as recorded with another process holding memory (list-devices.txt, NVML's free figure in
+    runs-*.json): no device is called."""
+    listed = parse_list_devices((FIXTURES / "nvidia-h200-cuda" / "list-devices.txt").read_text()).devices[0]
+    probed = Target(
+        backend="cuda", device="CUDA0", on_gpu=True, binary_version="0.6.0-dev",
+        device_memory=Sourced(listed.total_bytes, "probed", "llama.cpp --list-devices total of CUDA0"),
+        device_free=Sourced(free, "probed", "free now (nvml, 0000:00:06.0)"),
+        host_budget=Sourced(134_463_045_632, "probed", "/proc/meminfo: MemAvailable"),
+    )  # fmt: skip
+    return Place("CUDA0", f"NVIDIA H200, {human(free)} free (NVML, recorded)",
+                 Target.of(probed, target_policy(policy, probed), Lessons()))  # fmt: skip
+
+
+@pytest.mark.parametrize(("runs", "case", "model", "expected"), [
+    # 4.39 GiB free: -ngl 10 is what started there (and -ngl 11 did not)
+    ("runs-free5.json", "dense-ngl99", "dense.gguf", "CUDA0 8k f16, -ngl 10"),
+    # the MoE's experts to the host: -ncmoe 5 started there on the first spawn, -ncmoe 4 did not
+    # (run3-moe-shrink.json)
+    ("runs-free5.json", "moe-ngl99", "moe.gguf", "CUDA0 8k f16, -ncmoe 5"),
+    # 80 GiB held: q8_0 at 681,728 cells started on the first spawn (0.979 of the largest that started); f16 at
+    # 449,280, under the 451,840 of llama.cpp's own fit there
+    ("runs-held80.json", "ngl99-c2M", "big.gguf", "CUDA0 449280 f16 (1093376 q4_0), all layers"),
+])  # fmt: skip
+def test_the_h200_cuda_listings_replayed(
+    tmp_path: Path, policy: Policy, runs: str, case: str, model: str, expected: str
+) -> None:
+    rows = {r["case"]: r for r in json.loads((CUDA / runs).read_text()) if "case" in r}
+    row = rows[case]
+    free = int(row["device_budget"]["bytes"]) + policy.device_runtime["cuda"]
+    shapes = {
+        "big.gguf": dict(n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64, n_ctx_train=2_000_000),
+        "dense.gguf": dict(n_layer=24, n_head=32, n_head_kv=8, head_dim=128, n_ff=4096, n_ctx_train=8192),
+        "moe.gguf": dict(n_layer=8, n_head=16, n_head_kv=8, head_dim=128, n_ff=2048, n_expert=16, n_expert_used=2,
+                         n_ctx_train=32768),
+    }  # fmt: skip
+    path = str(write_tiny_gguf(tmp_path / model, sparse=True, **shapes[model]))  # type: ignore[arg-type]
+    found = [Found(model, "given", path, (path,))]
+    reads = {r.path: r for r in read_all([path], {"XDG_CACHE_HOME": str(tmp_path / "cache")})}
+    place = _cuda0(free, policy)
+    listed = plan_rows(found, reads, asked("server", row["args"], {}), (place,), policy, PlanOptions())
+    text = render_text((place,), listed)
+    assert text.splitlines()[0] == f"device: CUDA0 NVIDIA H200, {human(free)} free (NVML, recorded)"
+    assert text.splitlines()[2].endswith(expected), text
+    plan = listed[0].verdicts[0].plan
+    assert plan is not None
+    if "chosen" in row:
+        assert plan.ctx_by_type["q8_0"] == row["chosen"] == 681_728
