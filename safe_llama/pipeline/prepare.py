@@ -37,6 +37,7 @@ from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.device.probe_free import NvmlRead
+    from safe_llama.device.probing import DeviceReport
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,19 @@ def _prepare(
                 ExitStatus.WORKER_UNAVAILABLE,
             )
         listed_rpc = report.rpc.devices
+    remote = remote_devices(listed_rpc, options.declared.rpc_memory)
+    target = replace(probed_target(report, options, env), remote=remote)
+    prepared = Prepared(
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+    )
+    return replan(prepared, options, Lessons(), env)
+
+
+def probed_target(report: DeviceReport, options: PlanOptions, env: Mapping[str, str]) -> Target:
+    """The planner's view of a probed device: what every plan made on this machine starts from (a launch's,
+    `plan`'s, each of `models`' places)."""
     version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
-    target = target_from(
+    return target_from(
         report.target,
         report.host,
         binary_version=version,
@@ -215,11 +227,6 @@ def _prepare(
         kv_split=options.kv_split,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
-    target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
-    prepared = Prepared(
-        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
-    )
-    return replan(prepared, options, Lessons(), env)
 
 
 def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapping[str, str]) -> Prepared:

@@ -103,6 +103,8 @@ def largest_ctx(inputs: Inputs, settings: LlamaSettings, floor: int, ceiling: in
 
     if not ok(lo):
         return None
+    if ok(hi):  # most often the whole ceiling fits: one check instead of a search
+        return hi * unit
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if ok(mid):
