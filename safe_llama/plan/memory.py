@@ -199,7 +199,7 @@ def memory_by_place(
     if main != "host" and not target.integrated:
         # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
         # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add(out, "host", "compute", host_compute_estimate(kv, costs) + copies)
+        add(out, "host", "compute", host_compute_estimate(facts, kv, costs) + copies)
     if layout.mmproj_bytes:
         add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:

