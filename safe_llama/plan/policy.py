@@ -67,6 +67,7 @@ class Policy:
     device_runtime: Mapping[str, int] = field(default_factory=dict)
     device_context: Mapping[str, int] = field(default_factory=dict)  # the part a listing's free figure lacks
     keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
+    keep_user_kv: bool = True  # a user's -fa off, -ctk, -ctv are constraints of the KV steps
     supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
     request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
     request_bytes_per_cell: int = 0  # ... and per context cell
@@ -284,6 +285,7 @@ SCHEMA: dict[str, tuple[Kind, Any]] = {
     "rpc_worker_overhead_bytes": (BYTES, 0),
     "pipeline_copies": (whole(1, 64), 1),
     "keep_user_ngl": (flag, False),
+    "keep_user_kv": (flag, True),
     "request_bytes": (BYTES, 0),
     "request_bytes_per_cell": (PER_UNIT, 0),
     "prompt_cache_charge": (real(0, 16), 1.0),
@@ -371,6 +373,7 @@ def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | 
         device_runtime=values["device_runtime_bytes"],
         device_context=values["device_context_bytes"],
         keep_user_ngl=values["keep_user_ngl"],
+        keep_user_kv=values["keep_user_kv"],
         supervisor_bytes=values["supervisor_bytes"],
         request_bytes=values["request_bytes"],
         request_bytes_per_cell=values["request_bytes_per_cell"],

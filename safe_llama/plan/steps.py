@@ -177,6 +177,21 @@ def _kv_type(name: str, new_type: str) -> Callable[[Inputs, State, Allocation], 
             return state.noted("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)")
         if not kv_quant_ok(inputs.facts, new_type):
             return state.noted(f"{new_type} KV skipped: a head dimension is not a multiple of {block_size(new_type)}")
+        asked = inputs.request
+        if inputs.policy.keep_user_kv and (asked.type_k, asked.type_v) != ("f16", "f16"):
+            return state.noted(
+                f"{new_type} KV skipped: your -ctk {asked.type_k} -ctv {asked.type_v} kept"
+                " (keep_user_kv = false allows it)"
+            )
+        if inputs.policy.keep_user_kv and asked.flash_attn == "off":
+            if _TYPE_ORDER.get(kv.type_k, 0) >= _TYPE_ORDER[new_type]:
+                return None
+            settings = replace(state.settings, kv=replace(kv, type_k=new_type))
+            why = (
+                f"{describe(over)}: a {new_type} K cache (-ctk {new_type}); V stays {kv.type_v}: your -fa off is kept"
+                " and llama.cpp quantizes V only under flash attention (keep_user_kv = false allows -fa on)"
+            )
+            return state.took(Step(name, why), settings, ("type_k",))
         settings = replace(state.settings, kv=replace(kv, type_k=new_type, type_v=new_type, flash_attn="on"))
         why = f"{describe(over)}: a {new_type} KV cache (-ctk {new_type} -ctv {new_type}, with -fa on as it requires)"
         return state.took(Step(name, why), settings, ("type_k", "type_v", "flash_attn"))
