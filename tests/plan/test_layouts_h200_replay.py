@@ -97,3 +97,18 @@ def test_every_recorded_shape_is_replayed() -> None:
     Vulkan's 4 GiB storage-buffer limit at 524,288 cells)."""
     shapes = {row.values[1]["shape"] for row in _rows()}
     assert len(shapes) == 23 and len(_rows()) == 69 + 3 + 26
+
+
+@pytest.mark.parametrize("backend", ["cuda", "vulkan"])
+def test_the_runtime_share_covers_what_the_device_used_beyond_the_buffers(backend: str) -> None:
+    """nvidia-smi's used memory of each ready server less every buffer llama.cpp logged on the device: the
+    runtime's own share, which configs/planner.toml's device_runtime_bytes takes off the free figure."""
+    device, _, files = RECORDINGS[backend]
+    policy = load_policy(packaged_configs() / "planner.toml")
+    runtime = int(policy.per_backend(policy.device_runtime, backend) or 0)
+    rows = [row for row in json.loads((FIXTURES / files[0]).read_text()) if row["ready_used_mib"] is not None]
+    beyond = [
+        row["ready_used_mib"] - row["idle_used_mib"] - sum(b["mib"] for b in row["buffers"] if b["dev"] == device)
+        for row in rows
+    ]
+    assert len(beyond) >= 26 and max(beyond) * MIB <= runtime <= max(beyond) * MIB * 1.2, (min(beyond), max(beyond))

@@ -49,7 +49,7 @@ def test_the_packaged_values(policy: Policy) -> None:
 
 
 def test_per_backend_falls_back_to_default(policy: Policy) -> None:
-    assert policy.per_backend(policy.memory_margin_fraction, "vulkan") == 0.05
+    assert policy.per_backend(policy.memory_margin_fraction, "vulkan") == 0.02
     assert policy.per_backend(policy.memory_margin_fraction, "metal") == 0.02
     assert policy.per_backend({"cuda": 1}, "metal") is None  # no default: nothing
 
@@ -84,7 +84,7 @@ def test_a_users_table_is_merged_key_by_key(tmp_path: Path) -> None:
     user.write_text("[planner]\nctx_floor = 8192\n[planner.memory_margin_fraction]\ncuda = 0.1\n")
     policy = load_policy(PACKAGED, user)
     assert policy.ctx_floor == 8192
-    assert policy.memory_margin_fraction == {"default": 0.02, "cuda": 0.1, "vulkan": 0.05}
+    assert policy.memory_margin_fraction == {"default": 0.02, "cuda": 0.1, "vulkan": 0.02}
 
 
 def test_a_missing_user_config_is_the_packaged_policy(tmp_path: Path, policy: Policy) -> None:

@@ -131,9 +131,11 @@ def test_a_gpu_with_80_gib_held_plans_by_its_free_memory(big: Path, recorded: di
     policy = load_policy(packaged_configs() / "planner.toml")
     decided = plan(load_model_facts(big), req, _target(recorded, HELD_FREE), policy, user_ngl=99)
     _, cells = KV_LINE.findall((FIXTURES / "held80-c2M-ngl99-safe-llama.log").read_text())[-1]
-    assert decided.settings.kv.n_ctx == row["chosen"] + 512 == int(cells) + 512 == 815_616  # 48 MiB less activations
+    assert row["chosen"] == int(cells) == 815_104 and row["chosen"] / row["largest_that_starts"] >= 0.94
     assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
-    assert row["chosen"] / row["largest_that_starts"] >= 0.94
+    # since: the runtime's measured 64 MiB and a 2% margin (not 512 MiB and 5%), the compute as its graph holds it:
+    # 0.98 of the largest that started (by this replay; the H200 run of benchmarks/gpu_layouts_first_start.sh checks it)
+    assert decided.settings.kv.n_ctx == 848_896 and 0.97 <= decided.settings.kv.n_ctx / row["largest_that_starts"] < 1
     assert not row["bare"]["ready"]
 
 
