@@ -160,3 +160,25 @@ def test_a_users_cache_types_are_kept(facts: ModelFacts, policy: Policy) -> None
     after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
     assert after is not None and after.settings.kv.type_k == "q8_0"
     assert "q4_0 KV skipped: your -ctk q8_0 -ctv q8_0 kept" in after.notes[-1]
+
+
+def test_an_explicit_f16_cache_is_kept_too(facts: ModelFacts, policy: Policy) -> None:
+    """-ctk f16 -ctv f16 on the command line (user_kv_types, from prepare's parse) is a choice, not a default."""
+    request = KvRequest(tool="server", n_ctx=65536)
+    inputs = Inputs(facts, request, _igpu(), policy, policy.ctx_floor, 65536, user_kv_types=True)
+    state = State(LlamaSettings(kv=request))
+    after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.settings.kv.type_k == "f16"
+    assert "your -ctk f16 -ctv f16 kept" in after.notes[-1]
+
+
+def test_vulkan_keeps_a_users_fa_off_without_quantizing_k(facts: ModelFacts, policy: Policy) -> None:
+    """Vulkan would run a quantized K's attention on the CPU without flash attention: no K-only step there."""
+    request = KvRequest(tool="server", n_ctx=65536, flash_attn="off")
+    vulkan = Target(backend="vulkan", device="Vulkan0", on_gpu=True, device_memory=Sourced(8 * GIB, "declared", "t"),
+                    host_budget=Sourced(32 * GIB, "declared", "test"))  # fmt: skip
+    inputs = Inputs(facts, request, vulkan, policy, policy.ctx_floor, 65536)
+    state = State(LlamaSettings(kv=request))
+    after = LADDER["kv-q8"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and (after.settings.kv.type_k, after.settings.kv.flash_attn) == ("f16", "off")
+    assert "vulkan runs a quantized K's attention on the CPU" in after.notes[-1]
