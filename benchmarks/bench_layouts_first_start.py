@@ -134,7 +134,8 @@ def planned_compute(model: str, backend: str, argv: list[str]) -> dict[str, floa
 
     policy = load_policy(packaged_configs() / "planner.toml")
     device = {"cuda": "CUDA0", "vulkan": "Vulkan0", "cpu": "CPU"}[backend]
-    target = Target(backend=backend, device=device, on_gpu=backend != "cpu", kv_f16_copies=backend in policy.kv_f16_copy_backends,
+    copies = backend in policy.kv_f16_copy_backends
+    target = Target(backend=backend, device=device, on_gpu=backend != "cpu", kv_f16_copies=copies,
                     compute_costs=policy.compute, device_memory=Sourced(1 << 40, "declared", "bench"),
                     host_budget=Sourced(1 << 40, "declared", "bench"))  # fmt: skip
     cmd = parse("server", argv, {})
