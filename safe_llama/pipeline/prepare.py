@@ -246,6 +246,7 @@ def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapp
             ladder=options.ladder,
             user_fit_set=cmd.get("--fit") is not None,
             user_ngl=gpu_layers(cmd),
+            user_kv_types=cmd.get("--cache-type-k") is not None or cmd.get("--cache-type-v") is not None,
             floor=options.min_ctx,
             layout=prepared.layout,
             user_env=env,
