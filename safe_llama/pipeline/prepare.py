@@ -40,6 +40,7 @@ from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.device.probe_free import NvmlRead
+    from safe_llama.device.probing import DeviceReport
 
 
 @dataclass(frozen=True)
@@ -214,16 +215,8 @@ def _prepare(
                 ExitStatus.WORKER_UNAVAILABLE,
             )
         listed_rpc = report.rpc.devices
-    version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
-    target = target_from(
-        report.target,
-        report.host,
-        binary_version=version,
-        profile=report.profile,
-        kv_split=options.kv_split,
-        malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
-    )
-    target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
+    remote = remote_devices(listed_rpc, options.declared.rpc_memory)
+    target = replace(probed_target(report, options, env), remote=remote)
     launches += _arrived(env, launches)
     reading, _ = match_reading(report.target.listed, report.target.pci, report.free.readings, env)
     key = device_key(
@@ -235,24 +228,24 @@ def _prepare(
     seen = others(launches, visible_of(children, resident, gpu_use), device=key, cgroup=report.host.cgroup_dir or "")
     target = _shared(target, seen, options.share, report.host)
     prepared = Prepared(
-        cmd,
-        req,
-        path,
-        facts,
-        target,
-        binary,
-        None,
-        None,
-        source,
-        layout,
-        notes,
-        announce,
-        report.target,
-        seen,
-        key,
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target, seen, key,
         report.host.cgroup_dir or "",
-    )
+    )  # fmt: skip
     return replan(prepared, options, Lessons(), env)
+
+
+def probed_target(report: DeviceReport, options: PlanOptions, env: Mapping[str, str]) -> Target:
+    """The planner's view of a probed device: what every plan made on this machine starts from (a launch's,
+    `plan`'s, each of `models`' places)."""
+    version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
+    return target_from(
+        report.target,
+        report.host,
+        binary_version=version,
+        profile=report.profile,
+        kv_split=options.kv_split,
+        malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
+    )
 
 
 def _ledger(env: Mapping[str, str]) -> tuple[tuple[Launch, ...], dict[int, tuple[int, ...]], dict[int, int]]:
@@ -332,6 +325,7 @@ def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapp
             ladder=options.ladder,
             user_fit_set=cmd.get("--fit") is not None,
             user_ngl=gpu_layers(cmd),
+            user_kv_types=cmd.get("--cache-type-k") is not None or cmd.get("--cache-type-v") is not None,
             floor=options.min_ctx,
             layout=prepared.layout,
             user_env=env,
