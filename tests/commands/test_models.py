@@ -192,8 +192,8 @@ def _cuda0(free: int, policy: Policy) -> Place:
     # (run3-moe-shrink.json)
     ("runs-free5.json", "moe-ngl99", "moe.gguf", "CUDA0 8k f16, -ncmoe 5"),
     # 80 GiB held: q8_0 at 681,728 cells started on the first spawn (0.979 of the largest that started); f16 at
-    # 449,280, under the 451,840 of llama.cpp's own fit there
-    ("runs-held80.json", "ngl99-c2M", "big.gguf", "CUDA0 449280 f16 (1093376 q4_0), all layers"),
+    # 449,536, under the 451,840 of llama.cpp's own fit there
+    ("runs-held80.json", "ngl99-c2M", "big.gguf", "CUDA0 439k f16 (1094400 q4_0), all layers"),
 ])  # fmt: skip
 def test_the_h200_cuda_listings_replayed(
     tmp_path: Path, policy: Policy, runs: str, case: str, model: str, expected: str
@@ -218,4 +218,7 @@ def test_the_h200_cuda_listings_replayed(
     plan = listed[0].verdicts[0].plan
     assert plan is not None
     if "chosen" in row:
-        assert plan.ctx_by_type["q8_0"] == row["chosen"] == 681_728
+        # the launch's plan there started at row["chosen"] (681,728); the estimate of issue 36 gives one step more,
+        # still at or under the largest that started (696,320) and within 0.97 of it
+        assert row["chosen"] <= plan.ctx_by_type["q8_0"] <= row["largest_that_starts"]
+        assert plan.ctx_by_type["q8_0"] >= 0.97 * row["largest_that_starts"]
