@@ -89,18 +89,20 @@ def _parse(raw: bytes) -> Launch | None:
     return Launch(**data)
 
 
-def _trusted(folder: Path) -> bool:
+def _trusted(folder: Path, quiet: bool = False) -> bool:
     problem = trust.problem(folder)
     if problem is not None:
-        trust.say_once(f"safe-llama: warning: the ledger {folder} is not read: {problem}", str(folder))
+        if not quiet:
+            trust.say_once(f"safe-llama: warning: the ledger {folder} is not read: {problem}", str(folder))
         return False
     return folder.is_dir()
 
 
-def read(folder: Path, proc: Path = Path("/proc")) -> tuple[Launch, ...]:
+def read(folder: Path, proc: Path = Path("/proc"), *, quiet: bool = False) -> tuple[Launch, ...]:
     """The live launches of one folder; a dead entry (its pid gone or reused), or one that is not a launch, is
-    removed. An untrusted folder reads as empty, with one warning."""
-    if not _trusted(folder):
+    removed. An untrusted folder reads as empty, with one warning (quiet: none, for a folder that is not this
+    launch's own, such as the services' /run/safe-llama seen from a user's launch)."""
+    if not _trusted(folder, quiet):
         return ()
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:MOST_ENTRIES]
@@ -129,7 +131,10 @@ def read(folder: Path, proc: Path = Path("/proc")) -> tuple[Launch, ...]:
 
 def read_all(env: Mapping[str, str], proc: Path = Path("/proc"), *, but: int | None = None) -> tuple[Launch, ...]:
     """The live launches of every folder this launch reads, but the one of pid `but` (this launch)."""
-    return tuple(launch for folder in folders(env) for launch in read(folder, proc) if launch.pid != but)
+    own = own_folder(env)
+    return tuple(
+        launch for folder in folders(env) for launch in read(folder, proc, quiet=folder != own) if launch.pid != but
+    )
 
 
 def live(folder_list: Sequence[Path], proc: Path = Path("/proc")) -> dict[str, tuple[Launch, ...]]:

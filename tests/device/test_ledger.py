@@ -109,6 +109,12 @@ def test_an_untrusted_folder_is_not_read(folder: Path, capsys: pytest.CaptureFix
     finally:
         folder.chmod(0o700)
     assert "is not read" in capsys.readouterr().err
+    folder.chmod(0o777)
+    try:
+        assert ledger.read(folder, quiet=True) == ()  # another's folder (the services'): skipped without a word
+    finally:
+        folder.chmod(0o700)
+    assert capsys.readouterr().err == ""
     assert ledger.read(folder) == (_mine(),)
 
 
