@@ -1,7 +1,7 @@
 """Two services in one memory cgroup (issue 35), real: two `safe-llama server -m WIDE` (no -c) started at the same
 moment in one 512 MiB group are both ready on their first spawn, both serve a request that fills their context at
-the same time with no OOM kill, and their contexts add up to about 0.90 of the largest pair of bare llama-server
-that does so (measured by benchmarks/bench_share_pair.py: tests/fixtures/cgroup-v1-share/); and one
+the same time with no OOM kill, and their contexts add up to at least 0.90 of the largest pair of bare
+llama-server that does so (measured by benchmarks/bench_share_pair.py: tests/fixtures/cgroup-v1-share/); and one
 launch's ledger entry is there while it runs and gone after. Needs root for the cgroup (skipped otherwise)."""
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def test_two_started_together_in_one_group_both_serve_a_full_context(tmp_path: P
     bare = json.loads(RECORDED.read_text())["bare_pair_largest"]
     contexts = seen["contexts"]
     assert isinstance(contexts, list)
-    # 0.898 measured (issue 35 asks 0.90): the pair's two supervisors hold about 35 MiB of the group, which the bare
-    # pair does not carry (2,240 cells of this model), and each plan keeps its own 2% margin
-    assert sum(contexts) >= 0.88 * 2 * bare
+    # 0.915 recorded (an earlier bisection's bare edge gave 0.898): the pair's two supervisors hold about 35 MiB of
+    # the group, which the bare pair does not carry (2,240 cells of this model), and each plan keeps its 2% margin
+    assert sum(contexts) >= 0.90 * 2 * bare
     lines = seen["lines"]
     assert isinstance(lines, list)
     assert any("2 launches started together" in line for line in lines[0] + lines[1])
