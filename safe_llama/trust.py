@@ -146,6 +146,8 @@ SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "env_prefixes": _SEQUENCE,
         "host": (*_SEQUENCE, type(None)),
         "counters": _SEQUENCE,
+        "device": (*_SEQUENCE, type(None)),
+        "others": str,
     },
     "secret-options": {"options": _SEQUENCE},
 }

@@ -19,8 +19,7 @@ from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import NVIDIA
 from safe_llama.device.llama_listing import ListedDevices
 from safe_llama.device.probe_sysfs import SysfsReport
-
-NVML_LIBRARY = "libnvidia-ml.so.1"
+from safe_llama.device.vendor_free import NVML_LIBRARY, NVML_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -140,9 +139,6 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
     finally:
         if shutdown:
             nvml.nvmlShutdown()
-
-
-NVML_TIMEOUT = 5.0  # seconds a forked NVML read may take before it is killed (a wedged driver)
 
 
 class NvmlRead:

@@ -6,12 +6,16 @@ masked, the working directory) and used only while everything its plan was made 
 safe-llama's own files, every file and directory the plan read (by identity: device, inode, size, mtime;
 /proc and /sys ones by content), every environment variable it read (by a salted digest of the value; a
 secret one, which no plan reads the value of, by whether it is set), and a host budget still at least what
-the plan needs (fast_record.py says why that rule is sound). The child then gets the recorded argv and
-environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
+the plan needs (fast_record.py says why that rule is sound). A plan made for a GPU holds too while that
+GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it was
+(fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
+planned beside (other_launches). The child then gets the recorded argv and environment changes, and the
+supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
-sys, hashlib, constants and trust (marshal); fork_exec, with signal, only once a record is found: no subprocess,
-dataclasses, typing, pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both
+sys, hashlib, constants and trust (marshal); vendor_free, with select, only for a GPU's record; fork_exec, with
+signal, only once a record is found: no subprocess, dataclasses, typing, pathlib, json, re, ctypes) as it runs
+before anything else. Pipe mode only: a terminal on both
 stdin and stdout takes the normal path (the pty).
 """
 
@@ -32,11 +36,12 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
 
     from safe_llama.process import fork_exec
 
-FORMAT = 1
+FORMAT = 2  # 2: a GPU's free memory (device) and the other launches (others)
 FOLDER = "launch"  # under the cache directory
 # /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable);
 # the cgroup's usage figures only count under a cgroup limit, and a plan made under one is never recorded
-VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes")
+# amdgpu's VRAM counter moves with every program's use: the device rule checks what it feeds (free memory)
+VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes", "mem_info_vram_used")
 # the largest answer a pseudo-file may give to be recorded by content
 CONTENT_LIMIT = 1 << 16
 
@@ -120,6 +125,20 @@ def address_space_unlimited() -> bool:
     return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
 
 
+def other_launches(env: Mapping[str, str]) -> str:
+    """A fingerprint of the other launches planned on this machine (the ledger of the several-services issue):
+    what they hold is what a plan made beside them left out, so a record keeps the fingerprint it was planned
+    with and holds only while it is the same. Empty while there is no ledger: the one place that reads it."""
+    return ""
+
+
+def device_free(device: Sequence[Any]) -> int | None:
+    """The free memory now of the GPU a record's device rule names (source, key, ...): one vendor reading."""
+    from safe_llama.device.vendor_free import free_now
+
+    return free_now(str(device[0]), str(device[1]))
+
+
 def load(path: str) -> dict[str, Any] | None:
     """The record at path, when this user wrote it in a trusted folder and no one else can write it (code is not
     run from it, but what it says is launched), and it has a record's shape: None otherwise (a record of a wrong
@@ -157,7 +176,15 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
                 return False
             if not address_space_unlimited():
                 return False
-    except (KeyError, TypeError, ValueError):
+        if record["others"] != other_launches(env):
+            return False
+        device = record["device"]
+        if device is not None:  # last: the one check that asks a driver
+            free_then, margin = int(device[2]), int(device[3])
+            free = device_free(device)
+            if free is None or abs(free - free_then) > margin:
+                return False
+    except (KeyError, TypeError, ValueError, IndexError):
         return False
     return True
 

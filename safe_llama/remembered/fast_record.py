@@ -19,7 +19,9 @@ fit, and a larger budget never makes an allocation stop fitting, so every earlie
 no budget at all and this plan is chosen under every budget where its own allocations fit. The least such
 budget is found by planning again (a binary search on the same function), and the record is valid while
 MemAvailable is at least that (and MemTotal as it was). A plan sized by the budget (a context cut to fit)
-differs under an unlimited one and is never recorded.
+differs under an unlimited one and is never recorded. A GPU's free memory moves the same way, and a plan is
+often cut to fit it: its record holds while a vendor reading of that GPU stays within the plan's margin of
+the figure planned with (device_rule).
 
 Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
 an environment change or a line holding a secret option's value stops the record. Environment values
@@ -177,6 +179,30 @@ def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str
     return high
 
 
+def device_rule(prepared: Prepared, env: Mapping[str, str]) -> tuple[str, str, int, int] | None:
+    """A GPU plan's rule: (the vendor reading's source, the GPU's key, its free bytes the plan was made with,
+    the plan's margin in bytes); None when the free figure is no vendor reading (llama.cpp's own listing: only
+    a run of llama.cpp reads it again). The early start reads the same GPU again and uses the record while
+    what is free is within the margin of what it was. Sound: the plan kept that margin of the device free
+    beyond every allocation it counted, so with up to the margin less free its allocations still fit (the
+    slack the policy keeps for what the estimate does not see is what is spent), and with up to the margin
+    more free a plan cut to fit would have been at most a margin's worth larger. A start that still fails for
+    memory drops the record, and the next launch plans (launch.adopted)."""
+    from safe_llama.paths import cache_dir, config_dir, configs_dir
+    from safe_llama.plan.policy import load_policy
+
+    reading = prepared.device.free_reading if prepared.device is not None else None
+    free, budget = prepared.target.device_free, prepared.target.device_budget
+    if reading is None or free is None or budget is None or prepared.target.device_free_listed:
+        return None
+    key = reading.uuid if reading.source == "nvml" else reading.pci_bdf
+    if not key:
+        return None
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
+    fraction = policy.per_backend(policy.memory_margin_fraction, prepared.target.backend)
+    return (reading.source, key, free.value, int(budget.value * fraction))
+
+
 def build(
     recorder: Recorder,
     *,
@@ -195,8 +221,11 @@ def build(
         return None
     if prepared.target.remote:  # RPC workers: their devices, memory and presence come from the network
         return None
+    device = None
     if prepared.target.device_free is not None:  # a GPU's free memory moves with every other program's use
-        return None
+        device = device_rule(prepared, recorder.raw)
+        if device is None:
+            return None
     env = recorder.raw
     extra = dict(prepared.plan.env_changes)
     template: list[int | str] = []
@@ -237,6 +266,8 @@ def build(
         "env_prefixes": sorted((p, early.prefixed_digest(env, p, salt)) for p in recorder.prefix_scans),
         "host": host,
         "counters": oom_counter_sources(),
+        "device": device,
+        "others": early.other_launches(env),
     }
 
 

@@ -377,3 +377,69 @@ def test_a_record_s_name_masks_secret_values() -> None:
     assert early.key("safe-llama", ["server", "--api-key", "k1"], "/") != early.key(
         "safe-llama", ["server", "--api-key", "k2"], "/"
     )
+
+
+def _on_a_gpu(setup: Setup, free: int) -> Any:
+    """This launch's real plan, as if its device were a GPU read through NVML with `free` bytes free (a stand-in:
+    no GPU here; the rule's arithmetic and the record's check are what is tested)."""
+    from dataclasses import replace
+
+    from safe_llama.cmdline import launch_args
+    from safe_llama.device.limits import Sourced
+    from safe_llama.device.probe_free import FreeReading
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import prepare
+
+    options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
+    prepared = prepare("completion", setup.args, os.environ, options)
+    assert prepared.device is not None
+    reading = FreeReading("nvml", 0, "NVIDIA H200", "0000:00:06.0", "GPU-1234", 150_000_000_000, free)
+    target = replace(
+        prepared.target,
+        backend="cuda",
+        device_memory=Sourced(150_000_000_000, "probed", "NVML"),
+        device_free=Sourced(free, "probed", "free now (nvml)"),
+    )
+    return replace(prepared, target=target, device=replace(prepared.device, free_reading=reading))
+
+
+def test_a_gpu_plan_s_rule_is_its_vendor_reading_within_the_plan_s_margin(setup: Setup) -> None:
+    """The margin is the policy's fraction (configs/planner.toml, cuda) of what the plan could use there."""
+    from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.plan.policy import load_policy
+
+    prepared = _on_a_gpu(setup, 60 << 30)
+    rule = fast_record.device_rule(prepared, os.environ)
+    policy = load_policy(configs_dir(os.environ) / "planner.toml", config_dir(os.environ) / "config.toml")
+    fraction = policy.per_backend(policy.memory_margin_fraction, "cuda")
+    budget = prepared.target.device_budget
+    assert budget is not None and budget.value <= 60 << 30
+    assert rule == ("nvml", "GPU-1234", 60 << 30, int(budget.value * fraction))
+    assert rule is not None and rule[3] > 0
+
+
+def test_a_gpu_free_figure_that_is_no_vendor_reading_is_not_recorded(setup: Setup) -> None:
+    from dataclasses import replace
+
+    prepared = _on_a_gpu(setup, 60 << 30)
+    assert prepared.device is not None
+    assert fast_record.device_rule(replace(prepared, device=replace(prepared.device, free_reading=None)), {}) is None
+
+
+def test_a_gpu_record_holds_while_its_free_memory_is_within_the_margin(setup: Setup) -> None:
+    """A real record with a GPU rule put in (the early start reads the GPU through device_free)."""
+    setup.launch()
+    record = setup.record()
+    record["device"] = ("nvml", "GPU-1234", 60 << 30, 1 << 30)
+    for free, valid in [(60 << 30, True), ((60 << 30) - (1 << 30), True), ((61 << 30) + 1, False),
+                        ((59 << 30) - 1, False), (None, False)]:  # fmt: skip
+        setup.monkeypatch.setattr(early, "device_free", lambda device, free=free: free)
+        assert early.still_valid(record, os.environ) is valid, free
+
+
+def test_a_record_holds_only_beside_the_launches_it_was_planned_beside(setup: Setup) -> None:
+    setup.launch()
+    record = setup.record()
+    assert record["others"] == "" and record["device"] is None and early.still_valid(record, os.environ)
+    setup.monkeypatch.setattr(early, "other_launches", lambda env: "a server started since")
+    assert not early.still_valid(record, os.environ)
