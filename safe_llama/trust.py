@@ -146,6 +146,7 @@ SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "env_prefixes": _SEQUENCE,
         "host": (*_SEQUENCE, type(None)),
         "counters": _SEQUENCE,
+        "cgroup": (int, type(None)),
         "device": (*_SEQUENCE, type(None)),
         "others": str,
     },

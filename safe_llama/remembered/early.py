@@ -1,14 +1,14 @@
 """The early start: a launch whose plan is already known starts llama.cpp before the planner and the
 supervisor are imported, from a launch record (fast_record.py writes it when a launch becomes ready).
 
-A record is found by the launch's own words (which door, its argv with the values of secret options
-masked, the working directory) and used only while everything its plan was made from is as it was:
-safe-llama's own files, every file and directory the plan read (by identity: device, inode, size, mtime;
-/proc and /sys ones by content), every environment variable it read (by a salted digest of the value; a
-secret one, which no plan reads the value of, by whether it is set), and a host budget still at least what
-the plan needs (fast_record.py says why that rule is sound). A plan made for a GPU holds too while that
-GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it was
-(fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
+A record is found by the launch's own words (which door, its argv with the values of secret options masked, the
+working directory) and used only while everything its plan was made from is as it was: safe-llama's own files,
+every file and directory the plan read (by identity: device, inode, size, mtime; /proc and /sys ones by
+content), every environment variable it read (by a salted digest of the value; a secret one, which no plan reads
+the value of, by whether it is set), and a host budget still at least what the plan needs, and a cgroup's
+headroom too where one limits it (fast_record.py says why that rule is sound). A plan made for a GPU holds too
+while that GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it
+was (fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
 planned beside (other_launches). The child then gets the recorded argv and environment changes, and the
 supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
@@ -38,8 +38,8 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
 
 FORMAT = 2  # 2: a GPU's free memory (device) and the other launches (others)
 FOLDER = "launch"  # under the cache directory
-# /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable);
-# the cgroup's usage figures only count under a cgroup limit, and a plan made under one is never recorded
+# /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable, the
+# cgroup's headroom)
 # amdgpu's VRAM counter moves with every program's use: the device rule checks what it feeds (free memory)
 VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes", "mem_info_vram_used")
 # the largest answer a pseudo-file may give to be recorded by content
@@ -125,6 +125,17 @@ def address_space_unlimited() -> bool:
     return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
 
 
+def cgroup_headroom() -> int | None:
+    """The headroom of this process's cgroup now, as the plan counts it (probe_host, imported only for a record
+    made under a cgroup limit); None: no cgroup limit."""
+    from safe_llama.device.probe_host import cgroup_headroom as headroom
+    from safe_llama.device.probe_host import read_cgroup_memory
+
+    cgroup, _ = read_cgroup_memory()
+    room = headroom(cgroup) if cgroup is not None else None
+    return room[0] if room is not None else None
+
+
 def other_launches(env: Mapping[str, str]) -> str:
     """A fingerprint of the other launches planned on this machine (the ledger of the several-services issue):
     what they hold is what a plan made beside them left out, so a record keeps the fingerprint it was planned
@@ -175,6 +186,11 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
             if memory is None or memory[0] != total or memory[1] < least_available:
                 return False
             if not address_space_unlimited():
+                return False
+        cgroup = record["cgroup"]
+        if cgroup is not None:
+            room = cgroup_headroom()
+            if room is None or room < int(cgroup):
                 return False
         if record["others"] != other_launches(env):
             return False

@@ -11,17 +11,16 @@ and safe-llama's own files. No record when the window saw something it cannot ho
 environment read, a stray line on stderr, a remembered plan that capped this one, a secret in what
 would be stored, RPC workers (their devices come from the network, listed on every launch).
 
-The host budget is the one input that changes on every launch (MemAvailable). Sound rule: a record is
-stored only when the host's sole limit is RAM (no cgroup limit, no RLIMIT_AS: those size a plan by a
-figure that moves with usage) or a declared budget, and when planning under an unlimited budget gives the
-same plan: the planner takes the first of its candidate settings, in a fixed order, whose allocations
-fit, and a larger budget never makes an allocation stop fitting, so every earlier candidate fits under
-no budget at all and this plan is chosen under every budget where its own allocations fit. The least such
-budget is found by planning again (a binary search on the same function), and the record is valid while
-MemAvailable is at least that (and MemTotal as it was). A plan sized by the budget (a context cut to fit)
-differs under an unlimited one and is never recorded. A GPU's free memory moves the same way, and a plan is
-often cut to fit it: its record holds while a vendor reading of that GPU stays within the plan's margin of
-the figure planned with (device_rule).
+The host budget is the one input that changes on every launch (MemAvailable, a cgroup's headroom). Sound rule: a
+record is stored only when the host's limits are RAM and a cgroup's headroom (no RLIMIT_AS) or a declared
+budget, and when planning under no limit gives the same plan: the planner takes the first of its candidate
+settings, in a fixed order, whose allocations fit, and a larger budget never makes an allocation stop fitting,
+so every earlier candidate fits under no budget at all and this plan is chosen under every budget where its own
+allocations fit. The least such budget of each limit is found by planning again (a binary search on the same
+function), and the record is valid while MemAvailable and the cgroup's headroom are at least those (and MemTotal
+as it was). A plan sized by the budget (a context cut to fit) differs under an unlimited one and is never
+recorded. A GPU's free memory moves the same way, and a plan is often cut to fit it: its record holds while a
+vendor reading of that GPU stays within the plan's margin of the figure planned with (device_rule).
 
 Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
 an environment change or a line holding a secret option's value stops the record. Environment values
@@ -127,7 +126,12 @@ def _secret_names(names: set[str]) -> set[str]:
     return names & secrets().env
 
 
+UNLIMITED = 1 << 62
+
+
 def _same_plan(a: Prepared, b: Prepared) -> bool:
+    """The same launch (argv, environment) by the same steps; their reasons may quote the budget (a cgroup's
+    leftover) and are said again as recorded."""
     from safe_llama.pipeline.prepare import final_argv
 
     if a.plan is None or b.plan is None:
@@ -135,48 +139,63 @@ def _same_plan(a: Prepared, b: Prepared) -> bool:
     return (
         final_argv(a) == final_argv(b)
         and dict(a.plan.env_changes) == dict(b.plan.env_changes)
-        and [s.reason for s in a.plan.steps] == [s.reason for s in b.plan.steps]
+        and [s.name for s in a.plan.steps] == [s.name for s in b.plan.steps]
     )
 
 
-def _under_ram(prepared: Prepared, value: int) -> Prepared:
+def _under(prepared: Prepared, kind: str | None, value: int) -> Prepared:
+    """prepared with its host limit of this kind at value and every other unlimited (kind None: all of them)."""
     from safe_llama.device.host_budget import HostLimit
 
-    budget = replace(prepared.target.host_budget, value=value)
-    target = replace(prepared.target, host_budget=budget, host_limits=(HostLimit("ram", budget),))
-    return replace(prepared, target=target)
+    limits = tuple(
+        HostLimit(limit.kind, replace(limit.budget, value=value if limit.kind == kind else UNLIMITED))
+        for limit in prepared.target.limits_on_host
+    )
+    budget = replace(prepared.target.host_budget, value=min(limit.budget.value for limit in limits))
+    return replace(prepared, target=replace(prepared.target, host_budget=budget, host_limits=limits))
 
 
-def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> int | None:
-    """The least RAM budget under which planning gives this same plan, when an unlimited one does too (the
-    plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
-    its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
+def least_budgets(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> dict[str, int] | None:
+    """For each host limit (RAM, a cgroup's headroom), the least budget under which planning gives this same
+    plan, when planning under no limit gives it too (the plan was not sized by a budget); None otherwise.
+    Under that condition the plan is chosen exactly where its own allocations fit (see the module's
+    docstring), and each limit is checked by allocations of its own kind, so each threshold is searched with
+    the others unlimited: RAM's by memory.allocations alone; a cgroup's by planning again, as its leftover
+    also sizes llama-server's prompt cache and checkpoints (plan/serving.py), which are the same once it
+    leaves room for llama.cpp's defaults."""
     from safe_llama.paths import cache_dir, config_dir, configs_dir
     from safe_llama.pipeline.prepare import replan
     from safe_llama.plan.memory import allocations
     from safe_llama.plan.policy import load_policy
 
     limits = prepared.target.limits_on_host
-    if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":
+    kinds = [limit.kind for limit in limits]
+    if prepared.plan is None or not set(kinds) <= {"ram", "cgroup"} or len(set(kinds)) != len(kinds):
         return None
-    if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, prepared.target.lessons, env), prepared):
+    if not _same_plan(replan(_under(prepared, None, 0), options, prepared.target.lessons, env), prepared):
         return None
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     settings = prepared.plan.settings
 
-    def fits(budget: int) -> bool:
-        return all(a.fits for a in allocations(prepared.facts, settings, _under_ram(prepared, budget).target, policy))
+    def fits(kind: str, budget: int) -> bool:
+        under = _under(prepared, kind, budget)
+        if kind == "cgroup":
+            return _same_plan(replan(under, options, prepared.target.lessons, env), prepared)
+        return all(a.fits for a in allocations(prepared.facts, settings, under.target, policy))
 
-    low, high = 0, limits[0].budget.value  # nothing fits in no memory; the plan fits in this budget
-    if fits(low) or not fits(high):
-        return None
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    out = {}
+    for limit in limits:
+        low, high = 0, limit.budget.value  # nothing fits in no memory; the plan fits in this budget
+        if fits(limit.kind, low) or not fits(limit.kind, high):
+            return None
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(limit.kind, middle):
+                high = middle
+            else:
+                low = middle
+        out[limit.kind] = high
+    return out
 
 
 def device_rule(prepared: Prepared, env: Mapping[str, str]) -> tuple[str, str, int, int] | None:
@@ -238,12 +257,13 @@ def build(
         return None
     limits = prepared.target.limits_on_host
     host: tuple[int, int] | None = None
+    cgroup: int | None = None
     if not (len(limits) == 1 and limits[0].budget.source == "declared"):
-        least = least_budget(prepared, options, env)
+        least = least_budgets(prepared, options, env)
         memory = early.meminfo()
-        if least is None or memory is None or not early.address_space_unlimited():
+        if least is None or "ram" not in least or memory is None or not early.address_space_unlimited():
             return None
-        host = (memory[0], least)
+        host, cgroup = (memory[0], least["ram"]), least.get("cgroup")
     hidden = _secret_names(recorder.names)
     salt = os.urandom(16)
     try:
@@ -265,6 +285,7 @@ def build(
         "env_present": sorted((name, name in env) for name in recorder.names if name in hidden),
         "env_prefixes": sorted((p, early.prefixed_digest(env, p, salt)) for p in recorder.prefix_scans),
         "host": host,
+        "cgroup": cgroup,
         "counters": oom_counter_sources(),
         "device": device,
         "others": early.other_launches(env),

@@ -266,8 +266,8 @@ def test_the_least_budget_is_the_planner_s_own_threshold(setup: Setup) -> None:
     least = setup.record()["host"][1]
     options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
     prepared = prepare("completion", setup.args, os.environ, options)
-    at_least = replan(fast_record._under_ram(prepared, least), options, prepared.target.lessons, os.environ)
-    below = replan(fast_record._under_ram(prepared, least - 1), options, prepared.target.lessons, os.environ)
+    at_least = replan(fast_record._under(prepared, "ram", least), options, prepared.target.lessons, os.environ)
+    below = replan(fast_record._under(prepared, "ram", least - 1), options, prepared.target.lessons, os.environ)
     assert final_argv(at_least) == final_argv(prepared)
     assert below.plan is None or final_argv(below) != final_argv(prepared)
 
@@ -443,3 +443,51 @@ def test_a_record_holds_only_beside_the_launches_it_was_planned_beside(setup: Se
     assert record["others"] == "" and record["device"] is None and early.still_valid(record, os.environ)
     setup.monkeypatch.setattr(early, "other_launches", lambda env: "a server started since")
     assert not early.still_valid(record, os.environ)
+
+
+def test_a_cgroup_s_headroom_is_held_as_ram_is(setup: Setup) -> None:
+    """A plan made under a cgroup limit (a stand-in: no cgroup limits this machine) is recorded with the least
+    headroom that gives it, and holds while the cgroup's headroom is at least that."""
+    from safe_llama.device import probe_host
+
+    usage = [1 << 30]
+
+    def cgroup(**_: Any) -> tuple[probe_host.CgroupMemory, str]:
+        return probe_host.CgroupMemory(2, "/fake", 64 << 30, usage[0], 0, "/fake"), "a stand-in cgroup v2"
+
+    setup.monkeypatch.setattr(probe_host, "read_cgroup_memory", cgroup)
+    assert setup.launch() == 0
+    least = setup.record()["cgroup"]
+    assert isinstance(least, int) and 0 < least < 63 << 30
+    assert setup.valid()
+    usage[0] = (64 << 30) - least
+    assert setup.valid()
+    usage[0] += 1
+    assert not setup.valid()
+
+
+def test_a_server_under_a_cgroup_is_recorded_where_its_serving_sizes_are_llama_cpp_s(
+    setup: Setup, llama_bin: Path
+) -> None:
+    """llama-server's prompt cache is sized to what the cgroup leaves (plan/serving.py): the least headroom is
+    where it is llama.cpp's default again; a byte less changes the launch (a stand-in cgroup, as above)."""
+    from safe_llama.cmdline import launch_args
+    from safe_llama.device import probe_host
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import final_argv, prepare, replan
+
+    def cgroup(**_: Any) -> tuple[probe_host.CgroupMemory, str]:
+        return probe_host.CgroupMemory(2, "/fake", 64 << 30, 1 << 30, 0, "/fake"), "a stand-in cgroup v2"
+
+    setup.monkeypatch.setattr(probe_host, "read_cgroup_memory", cgroup)
+    shutil.copy2(llama_bin / "llama-server", setup.bin / "llama-server")
+    options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
+    prepared = prepare("server", ["-m", str(setup.model), "-c", "4096"], os.environ, options)
+    assert prepared.plan is not None and "serving" in [step.name for step in prepared.plan.steps]
+    least = fast_record.least_budgets(prepared, options, os.environ)
+    assert least is not None and set(least) == {"ram", "cgroup"}
+    at = replan(fast_record._under(prepared, "cgroup", least["cgroup"]), options, prepared.target.lessons, os.environ)
+    below = replan(
+        fast_record._under(prepared, "cgroup", least["cgroup"] - 1), options, prepared.target.lessons, os.environ
+    )
+    assert final_argv(at) == final_argv(prepared) != final_argv(below)
