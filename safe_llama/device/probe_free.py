@@ -6,7 +6,6 @@ decide which GPU llama.cpp uses (target_device matches a reading to the target) 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -72,23 +71,6 @@ def reading_from_dict(data: Mapping[str, object]) -> FreeReading:
     )
 
 
-class _Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class _PciInfo(ctypes.Structure):
-    # nvmlPciInfo_t (nvml.h): the v3 query fills it
-    _fields_ = [
-        ("busIdLegacy", ctypes.c_char * 16),
-        ("domain", ctypes.c_uint),
-        ("bus", ctypes.c_uint),
-        ("device", ctypes.c_uint),
-        ("pciDeviceId", ctypes.c_uint),
-        ("pciSubSystemId", ctypes.c_uint),
-        ("busId", ctypes.c_char * 32),
-    ]
-
-
 def normal_bdf(text: str) -> str:
     """NVML's "00000000:00:06.0" as sysfs writes it: "0000:00:06.0"."""
     domain, _, rest = text.strip().lower().rpartition(":")
@@ -98,7 +80,24 @@ def normal_bdf(text: str) -> str:
 
 def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeReport:
     """Every NVIDIA GPU's total and free memory through NVML. No NVIDIA driver: no readings, and why.
-    shutdown False: leave NVML open (a process that exits right after: nvmlShutdown took 17 ms on an H200)."""
+    shutdown False: leave NVML open (a process that exits right after: nvmlShutdown took 17 ms on an H200).
+    ctypes is imported here: a machine without an NVIDIA GPU never reads NVML, and a plan goes without it."""
+    import ctypes
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    class PciInfo(ctypes.Structure):  # nvmlPciInfo_t (nvml.h): the v3 query fills it
+        _fields_ = [
+            ("busIdLegacy", ctypes.c_char * 16),
+            ("domain", ctypes.c_uint),
+            ("bus", ctypes.c_uint),
+            ("device", ctypes.c_uint),
+            ("pciDeviceId", ctypes.c_uint),
+            ("pciSubSystemId", ctypes.c_uint),
+            ("busId", ctypes.c_char * 32),
+        ]
+
     try:
         nvml = ctypes.CDLL(library)
     except OSError:
@@ -114,14 +113,14 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
         readings = []
         for index in range(count.value):
             handle = ctypes.c_void_p()
-            memory = _Memory()
+            memory = Memory()
             if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
                 continue
             if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
                 continue
             name = ctypes.create_string_buffer(96)
             uuid = ctypes.create_string_buffer(96)
-            pci = _PciInfo()
+            pci = PciInfo()
             readings.append(
                 FreeReading(
                     source="nvml",

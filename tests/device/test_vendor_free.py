@@ -42,3 +42,15 @@ def test_nvml_without_its_library_is_no_reading() -> None:
     """The read runs in a forked child that answers nothing: the parent gets None, and the child is reaped."""
     assert vendor_free.free_now(vendor_free.NVML, "GPU-0", library="libnvidia-ml-not-there.so.1") is None
     assert vendor_free.nvml_read("libnvidia-ml-not-there.so.1", "GPU-0") is None
+
+
+def test_nvml_reads_the_gpu_of_the_uuid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the fake H200 NVML (tests/fakes/fake_cuda_llama.py): its free figure is FAKE_FREE_FILE's MiB."""
+    from tests.fakes.fake_cuda_llama import build_nvml
+
+    library = str(build_nvml(tmp_path / "nvml"))
+    (tmp_path / "free").write_text("60610")
+    monkeypatch.setenv("FAKE_FREE_FILE", str(tmp_path / "free"))
+    uuid = "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b"
+    assert vendor_free.free_now(vendor_free.NVML, uuid, library=library) == 60610 << 20
+    assert vendor_free.free_now(vendor_free.NVML, "GPU-another", library=library) is None
