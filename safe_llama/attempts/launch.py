@@ -121,7 +121,8 @@ def run_attempts(
         if first is not None and attempt == 1:
             outcome = first
         else:
-            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(start.argv))[:200]
+            shown = redact_argv(start.argv, keep_in=cache_dir(env))
+            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(shown)[:200]
             store, record = None, None
             if prepared is not None and digest is not None and prepared.plan is not None and start.planned:
                 store = (digest, prepared, env)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +164,9 @@ class NvmlRead:
 
     def result(self, timeout: float = NVML_TIMEOUT) -> FreeReport:
         """The child's report (waiting at most timeout seconds for it); the child is reaped."""
+        import select
+        import signal
+
         if not self._open:
             return FreeReport((), None, "NVML: the reading was already taken")
         pid, self._open = self.pid, False
@@ -191,6 +192,8 @@ class NvmlRead:
 
     def cancel(self) -> None:
         """Not needed after all (or the launch failed before using it): the child is stopped and reaped."""
+        import signal
+
         if self._open:
             pid, self._open = self.pid, False
             os.close(self._read_end)

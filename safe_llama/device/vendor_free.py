@@ -1,16 +1,14 @@
 """One GPU's free memory now, by the key a launch record keeps for it (NVML's GPU UUID, an amdgpu device's PCI
 address): the early start's one vendor reading (remembered/early.py), read before llama.cpp starts.
 
-Owns that single reading; must stay light (os, select; ctypes and NVML only in a forked child, whose threads
-never reach the supervisor: probe_free.NvmlRead says why) and must not match a reading to a llama.cpp device
-(free_memory.py does, when the plan is made).
+Owns that single reading; must stay light (os; select and signal for NVML's read; ctypes and NVML only in a
+forked child, whose threads never reach the supervisor: probe_free.NvmlRead says why) and must not match a
+reading to a llama.cpp device (free_memory.py does, when the plan is made).
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 NVML_TIMEOUT = 5.0  # seconds a forked NVML read may take before it is killed (a wedged driver)
@@ -41,6 +39,9 @@ def _amdgpu_free(sys_root: str, bdf: str) -> int | None:
 
 def _nvml_free(library: str, uuid: str) -> int | None:
     """NVML's free figure for the GPU of this UUID, read in a forked child (at most NVML_TIMEOUT seconds)."""
+    import select
+    import signal
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: read, write the figure, leave at once (no atexit, no parent buffers)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.constants import TOOLS, cache_root
+from safe_llama.paths import cache_dir
 from safe_llama.remembered import early
 from safe_llama.remembered.record_window import Recorder, pseudo
 
@@ -105,25 +106,25 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
     return sorted(files.items()), sorted(contents.items())
 
 
-def _secret_values(tool: str, user_args: Sequence[str]) -> list[str]:
+def _secret_values(tool: str, user_args: Sequence[str], keep_in: Path) -> list[str]:
     """The values of the secret options in the user's words (`--api-key K`, `--api-key=K`)."""
     from safe_llama.cmdline.llama_args import REDACTED, redact_argv
 
     out: list[str] = []
-    for word, shown in zip(user_args, redact_argv(user_args, tool), strict=True):
+    for word, shown in zip(user_args, redact_argv(user_args, tool, keep_in), strict=True):
         if word != shown:
             secret = word.partition("=")[2] if shown.endswith(f"={REDACTED}") else word
             out += [secret] if secret else []
     return out
 
 
-def _secret_names(names: set[str]) -> set[str]:
+def _secret_names(names: set[str], keep_in: Path) -> set[str]:
     """The variables configs/secrets.toml names (an API key, a token): a plan reads whether they are set, never
     their value (it is the server's, or the download's), so the record holds only that. A name that only
     contains one of its fragments (LLAMA_ARG_IMAGE_MAX_TOKENS) may be a planner input: held by digest."""
     from safe_llama.cmdline.llama_args import secrets
 
-    return names & secrets().env
+    return names & secrets(keep_in=keep_in).env
 
 
 UNLIMITED = 1 << 62
@@ -250,7 +251,7 @@ def build(
     template: list[int | str] = []
     for word in argv:
         template.append(door_args.index(word) if word in door_args else word)
-    secrets = _secret_values(tool, user_args)
+    secrets = _secret_values(tool, user_args, cache_dir(env))
     stored = [w for w in template if isinstance(w, str)] + [*extra.keys(), *extra.values()]
     stored += [line for line, _ in recorder.said] + [status]
     if any(secret in text for secret in secrets for text in stored):
@@ -264,7 +265,7 @@ def build(
         if least is None or "ram" not in least or memory is None or not early.address_space_unlimited():
             return None
         host, cgroup = (memory[0], least["ram"]), least.get("cgroup")
-    hidden = _secret_names(recorder.names)
+    hidden = _secret_names(recorder.names, cache_dir(env))
     salt = os.urandom(16)
     try:
         files, contents = _validity(recorder, _stat_inputs(prepared.binary, user_args, env), salt)
@@ -296,7 +297,7 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
     """Write the record (0600 in a 0700 folder, atomically); an unwritable cache only means no early start."""
     import marshal
 
-    hidden = secret_options()
+    hidden = secret_options(cache_dir(env))
     path = Path(early.record_path(env, early.key(door, door_args, os.getcwd(), hidden)))
     try:
         if early.secret_options(env) != hidden:
@@ -306,11 +307,11 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
         return
 
 
-def secret_options() -> frozenset[str]:
+def secret_options(keep_in: Path | None = None) -> frozenset[str]:
     """Every spelling of a secret option, for any tool (the record's name masks their values: early.key)."""
     from safe_llama.cmdline.llama_args import secrets
 
-    return frozenset().union(*(secrets(tool).options for tool in TOOLS))
+    return frozenset().union(*(secrets(tool, keep_in=keep_in).options for tool in TOOLS))
 
 
 def drop(path: str) -> None:
