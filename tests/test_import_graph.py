@@ -60,7 +60,7 @@ PLAN_MODULES = {
     *("device.target_device", "device.vendor_free", "device.vulkan_limits"),
     *("model", "model.arch", "model.cache_types", "model.facts", "model.facts_cache", "model.gguf_constants"),
     *("model.gguf_header", "model.hparams", "model.kv", "model.sparse"),
-    *("plan", "plan.allocation_words", "plan.compute", "plan.memory", "plan.planner", "plan.policy"),
+    *("plan", "plan.allocation_words", "plan.compute", "plan.lessons", "plan.memory", "plan.planner", "plan.policy"),
     *("plan.render", "plan.serving", "plan.split", "plan.steps", "plan.tally", "plan.target", "plan.weights_off"),
 }
 
@@ -99,3 +99,17 @@ def test_a_launch_imports_only_what_it_uses(env: dict[str, str], bundled_model: 
     assert "safe_llama.process.supervise" in modules  # measured: the supervisor ran
     assert not modules & NEITHER
     assert not any(m.startswith("safe_llama.commands") for m in modules)  # no command's module in a launch
+
+
+@pytest.mark.slow
+def test_the_supervisor_of_an_early_start_imports_no_planner(env: dict[str, str], bundled_model: Path) -> None:
+    """The second launch starts from the first's launch record: the supervisor that adopts it reads failures
+    (diagnosis/signatures.py, which names plan/lessons.py's fields) but imports neither the planner nor the
+    device probes, whose modules would stay in its memory while llama.cpp runs."""
+    args = ["completion", "-m", str(bundled_model), "-c", "512", "-n", "1", "-p", "hi", "-no-cnv"]
+    modules = _imported(args, {**env, "PATH": os.defpath})
+    assert {"safe_llama.remembered.early", "safe_llama.process.supervise"} <= modules
+    assert "safe_llama.pipeline.prepare" not in modules  # the early start: no plan
+    assert not modules & NEITHER
+    heavy = ("safe_llama.plan.target", "safe_llama.plan.planner", "safe_llama.device.target_device", "safe_llama.model")
+    assert not any(m.startswith(heavy) for m in modules), sorted(m for m in modules if m.startswith(heavy))

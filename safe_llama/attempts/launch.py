@@ -26,7 +26,7 @@ from safe_llama.units import human
 
 if TYPE_CHECKING:  # the planner's side is imported where used: an early start may never need it
     from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
-    from safe_llama.plan.target import Lessons
+    from safe_llama.plan.lessons import Lessons
     from safe_llama.process.startup import Outcome
     from safe_llama.remembered.early import Early
     from safe_llama.remembered.record_window import Recorder
@@ -75,7 +75,7 @@ def run_attempts(
     from safe_llama.device.binaries import find_binary
     from safe_llama.diagnosis.signatures import load_table
     from safe_llama.pipeline.prepare import free_again, replan
-    from safe_llama.plan.target import Lessons
+    from safe_llama.plan.lessons import Lessons
     from safe_llama.process import workers
     from safe_llama.process.channels import check_not_nested
 
