@@ -23,10 +23,10 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
 from safe_llama.paths import cache_dir, config_dir, configs_dir
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import (
-    Lessons,
     Target,
     remote_devices,
     target_from,
