@@ -138,9 +138,15 @@ def cgroup_headroom() -> int | None:
 
 def other_launches(env: Mapping[str, str]) -> str:
     """A fingerprint of the other launches planned on this machine (the ledger of the several-services issue):
-    what they hold is what a plan made beside them left out, so a record keeps the fingerprint it was planned
-    with and holds only while it is the same. Empty while there is no ledger: the one place that reads it."""
+    what they hold is what a plan made beside them left out. Empty while there is no ledger: the one place
+    that reads it (fast_record.build stores it, still_valid checks it through others_unchanged)."""
     return ""
+
+
+def others_unchanged(record: Mapping[str, Any], others: str) -> bool:
+    """The record was planned beside the same other launches as the fingerprint `others` says run now: nothing
+    new in the ledger (a service started or stopped since changes what the plan may take)."""
+    return record.get("others") == others
 
 
 def device_free(device: Sequence[Any]) -> int | None:
@@ -192,7 +198,7 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
             room = cgroup_headroom()
             if room is None or room < int(cgroup):
                 return False
-        if record["others"] != other_launches(env):
+        if not others_unchanged(record, other_launches(env)):
             return False
         device = record["device"]
         if device is not None:  # last: the one check that asks a driver

@@ -443,6 +443,7 @@ def test_a_record_holds_only_beside_the_launches_it_was_planned_beside(setup: Se
     assert record["others"] == "" and record["device"] is None and early.still_valid(record, os.environ)
     setup.monkeypatch.setattr(early, "other_launches", lambda env: "a server started since")
     assert not early.still_valid(record, os.environ)
+    assert early.others_unchanged(record, "") and not early.others_unchanged(record, "a server started since")
 
 
 def test_a_cgroup_s_headroom_is_held_as_ram_is(setup: Setup) -> None:
