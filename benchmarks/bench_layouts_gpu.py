@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_first_start import _healthy, _port  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_first_start import _healthy, _port
 
 SHAPES = {
     "default": "",
@@ -47,7 +47,9 @@ SHAPES = {
     "np16-q8": "-np 16 -ctk q8_0 -ctv q8_0",
     "fa-off-np16": "-fa off -np 16",
 }
-_BUF = re.compile(r"(?P<who>\w+): +(?P<dev>[\w_]+) +(?P<kind>compute|KV|output|model|RS) buffer size = +(?P<mib>[\d.]+) MiB")
+_BUF = re.compile(
+    r"(?P<who>\w+): +(?P<dev>[\w_]+) +(?P<kind>compute|KV|output|model|RS) buffer size = +(?P<mib>[\d.]+) MiB"
+)
 _CTX = re.compile(r"llama_context: n_ctx += (\d+)")
 _CTX_SEQ = re.compile(r"llama_context: n_ctx_seq += (\d+)")
 _FA = re.compile(r"flash_attn += (\w+)")
@@ -57,7 +59,10 @@ def _used_mib() -> int | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=False,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         ).stdout
         return int(out.split()[0])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
@@ -74,8 +79,12 @@ def _start(argv: list[str], env: dict[str, str], timeout: float) -> tuple[bool, 
     began = time.monotonic()
     with tempfile.TemporaryFile() as logf:
         proc = subprocess.Popen(
-            [*argv, "--host", "127.0.0.1", "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
-            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+            [*argv, "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         ready, used = False, None
         while time.monotonic() < began + timeout and proc.poll() is None:
@@ -125,13 +134,29 @@ def main() -> int:
             ready, rc, log, took, used = _start(argv, env, ns.timeout)
             bufs = [m.groupdict() for m in (_BUF.search(line) for line in log.splitlines()) if m]
             row = {
-                "tag": ns.tag, "shape": name, "args": args, "ctx": ctx, "ready": ready, "rc": rc,
-                "seconds": round(took, 2), "idle_used_mib": idle, "ready_used_mib": used,
-                "n_ctx": [int(x) for x in _CTX.findall(log)], "n_ctx_seq": [int(x) for x in _CTX_SEQ.findall(log)],
+                "tag": ns.tag,
+                "shape": name,
+                "args": args,
+                "ctx": ctx,
+                "ready": ready,
+                "rc": rc,
+                "seconds": round(took, 2),
+                "idle_used_mib": idle,
+                "ready_used_mib": used,
+                "n_ctx": [int(x) for x in _CTX.findall(log)],
+                "n_ctx_seq": [int(x) for x in _CTX_SEQ.findall(log)],
                 "flash_attn": _FA.findall(log)[:2],
-                "notes": [ln.split(" I ", 1)[-1] for ln in log.splitlines()
-                          if "Flash Attention" in ln or "kv_unified" in ln or "graph nodes" in ln
-                          or "graph splits" in ln or "n_seq_max" in ln or "n_batch" in ln or "n_ubatch" in ln][:12],
+                "notes": [
+                    ln.split(" I ", 1)[-1]
+                    for ln in log.splitlines()
+                    if "Flash Attention" in ln
+                    or "kv_unified" in ln
+                    or "graph nodes" in ln
+                    or "graph splits" in ln
+                    or "n_seq_max" in ln
+                    or "n_batch" in ln
+                    or "n_ubatch" in ln
+                ][:12],
                 "buffers": [{"dev": b["dev"], "kind": b["kind"], "mib": float(b["mib"])} for b in bufs],
                 "errors": [ln for ln in log.splitlines() if "failed" in ln or "error" in ln.lower()][:6],
                 "wall": round(time.monotonic() - began, 2),

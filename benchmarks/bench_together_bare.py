@@ -11,6 +11,7 @@ the context as fitting when all N answer /health; then stops them all. Bisection
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -19,45 +20,49 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_first_start import _healthy, _port  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_first_start import _healthy, _port
 
 
 def together(binary: str, model: str, args: list[str], ctx: int, n: int, timeout: float) -> tuple[bool, list[str]]:
-    procs: list[tuple[subprocess.Popen[bytes], int, object]] = []
+    procs: list[tuple[subprocess.Popen[bytes], int, IO[bytes]]] = []
     ok = True
     tails: list[str] = []
-    try:
-        for _ in range(n):
-            port = _port()
-            logf = tempfile.TemporaryFile()
-            proc = subprocess.Popen(
-                [binary, "-m", model, *args, "-c", str(ctx), "--host", "127.0.0.1", "--port", str(port)],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            procs.append((proc, port, logf))
-            began = time.monotonic()
-            while time.monotonic() < began + timeout and proc.poll() is None and not _healthy(port):
-                time.sleep(0.2)
-            if proc.poll() is not None or not _healthy(port):
-                ok = False
-                break
-        ok = ok and all(p.poll() is None and _healthy(port) for p, port, _ in procs)
-    finally:
-        for proc, _, logf in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _, logf in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            logf.seek(0)  # type: ignore[attr-defined]
-            lines = logf.read().decode(errors="replace").splitlines()  # type: ignore[attr-defined]
-            tails.append("\n".join(ln for ln in lines if "failed" in ln or "error" in ln.lower())[-600:])
-            logf.close()  # type: ignore[attr-defined]
+    with contextlib.ExitStack() as stack:
+        try:
+            for _ in range(n):
+                port = _port()
+                logf = stack.enter_context(tempfile.TemporaryFile())
+                proc = subprocess.Popen(
+                    [binary, "-m", model, *args, "-c", str(ctx), "--host", "127.0.0.1", "--port", str(port)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                procs.append((proc, port, logf))
+                began = time.monotonic()
+                while time.monotonic() < began + timeout and proc.poll() is None and not _healthy(port):
+                    time.sleep(0.2)
+                if proc.poll() is not None or not _healthy(port):
+                    ok = False
+                    break
+            ok = ok and all(p.poll() is None and _healthy(port) for p, port, _ in procs)
+        finally:
+            for proc, _, _ in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc, _, log in procs:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                log.seek(0)
+                lines = log.read().decode(errors="replace").splitlines()
+                tails.append("\n".join(ln for ln in lines if "failed" in ln or "error" in ln.lower())[-600:])
     return ok, tails
 
 

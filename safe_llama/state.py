@@ -19,8 +19,8 @@ from typing import Any
 from safe_llama import trust
 
 # what the cache holds that `forget` clears (everything but the pinned llama.cpp build and the bundled model):
-# remembered plans, launch records, the no-model tables, parsed TOML, model facts, probe results
-ENTRY_FOLDERS = ("plans", "launch", "args", "toml", "facts", "probe")
+# remembered plans, launch records, the no-model tables, parsed TOML, model facts, probe results, the models index
+ENTRY_FOLDERS = ("plans", "launch", "args", "toml", "facts", "probe", "models")
 
 
 def trusted_folder(folder: Path, doing: str) -> bool:

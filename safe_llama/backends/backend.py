@@ -63,6 +63,9 @@ class Backend:
     stateful_env: str | None = None  # the variable that keeps the KV in host RAM (a ladder step)
     buffers_on_host_first: bool = False  # every buffer is allocated in host memory first
     q8_kv_verified: bool = True  # a q8_0 KV cache is known to work there
+    # without flash attention, a quantized K's KQ product runs on the CPU (its view of the cache is not one it
+    # multiplies): the host's compute buffer holds the attention's part of the graph too
+    quantized_k_attention_on_host: bool = False
     free_source: str | None = None  # the vendor's free-memory reading (device/probe_free) numbered as it numbers
     own_device_env: str | None = None  # the variable that picks which of its own devices it drives
     # regex over its `--list-devices` description: its own device id (ov), " (selected)" (selected), the

@@ -21,4 +21,7 @@ BACKEND = Backend(
         )
     },
     renumbering_env=("GGML_VK_VISIBLE_DEVICES",),
+    # ggml-vulkan.cpp supports_op: MUL_MAT takes a quantized src0 only contiguous in dims 0 and 1, which a
+    # head's view of the K cache is not (H200, -fa off -ctk q8_0: splits = 18, Vulkan_Host 1,256.26 MiB)
+    quantized_k_attention_on_host=True,
 )

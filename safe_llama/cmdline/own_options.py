@@ -48,8 +48,8 @@ class Command(NamedTuple):
     tool_first: bool = False  # its first word is a tool: it and everything after are llama.cpp's (plan)
 
 
-DECLARE = (LAUNCH, "plan", "devices")  # the commands that take the declared device and host limits
-SHOWN = ("plan", "devices", "explain", "doctor")  # those that can print JSON
+DECLARE = (LAUNCH, "plan", "devices", "models")  # the commands that take the declared device and host limits
+SHOWN = ("plan", "devices", "explain", "doctor", "models")  # those that can print JSON
 
 OPTIONS: tuple[Option, ...] = (
     Option(("--llama-bin",), "bin_dir", DECLARE, "text", "PATH", "the llama.cpp binary to run, or its bin/ directory",
@@ -89,7 +89,8 @@ OPTIONS: tuple[Option, ...] = (
            "GGML_OPENVINO_DEVICE: CPU, GPU, GPU.1, NPU"),
     Option(("--refresh",), "refresh", ("devices", "doctor"), "flag", "", "ignore cached probe results", flag_value="1"),
     Option(("--model", "-m"), "model", ("explain",), "text", "PATH", "the model, for an exact plan"),
-    Option(("--tool",), "tool", ("explain",), "text", "TOOL", "cli, server or completion, if the log hides it"),
+    Option(("--tool",), "tool", ("explain", "models"), "text", "TOOL",
+           "cli, server or completion: explain's if the log hides it; models' plan is server's by default"),
     Option(("--follow",), "follow", ("explain",), "flag", "",
            "keep reading a stream (journalctl -f): explain each failure once the log goes quiet", flag_value="1"),
     Option(("--dir",), "dir", ("install-shims",), "text", "DIR",
@@ -116,6 +117,11 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
             "Explain a failed llama.cpp run from its log, and what would fit (exit 1: no failure recognised).",
             (Argument("file", "the llama.cpp log to read; - (the default) reads stdin"),
              Argument("args", "the failed run's llama.cpp arguments, when the log lacks them", many=True)),
+            loose=True),
+    Command("models", "safe_llama.commands.models",
+            "Show every model on this machine and the largest context each gets on each device and the host.",
+            (Argument("PATH", "folders or files to scan besides the usual stores"),
+             Argument("args", "llama.cpp memory flags to plan every model with (-c, -ctk, -ngl, -np ...)", many=True)),
             loose=True),
     Command("doctor", "safe_llama.commands.doctor",
             "Check this machine's set-up for llama.cpp, one line each with a fix (exit 1: a check failed)."),

@@ -69,14 +69,21 @@ def match_reading(
 
 
 def free_figure(
-    device: LlamaDevice | None, reading: FreeReading | None, *, listing_age: float | None
+    device: LlamaDevice | None,
+    reading: FreeReading | None,
+    *,
+    listing_age: float | None,
+    vulkan_budget: int | None = None,
 ) -> Sourced[int] | None:
-    """What is free on the device now: the vendor's reading, else llama.cpp's own listing with its age
-    (listing_age: seconds since `--list-devices` ran; None when no listing)."""
+    """What is free on the device now: the vendor's reading, else VK_EXT_memory_budget's read now by the Vulkan
+    probe (`vulkan_budget`: heapBudget - heapUsage over the heaps ggml counts), else llama.cpp's own listing
+    with its age (listing_age: seconds since `--list-devices` ran; None when no listing)."""
     if reading is not None:
         where = reading.pci_bdf or reading.name
         detail = f"free now ({reading.source}, {where})"
         return Sourced(reading.free_bytes, "probed", detail)
+    if vulkan_budget is not None:
+        return Sourced(vulkan_budget, "probed", "free now (VK_EXT_memory_budget)")
     if device is None:
         return None
     when = "now" if listing_age is None or listing_age < 1 else f"{listing_age:.0f} s ago"

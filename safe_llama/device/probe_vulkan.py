@@ -269,8 +269,8 @@ def probe_vulkan_cached(
     *, env: Mapping[str, str], cache: Path, gpus: Sequence[str], refresh: bool = False
 ) -> tuple[VulkanReport, bool]:
     """probe_vulkan_isolated, cached in cache/vulkan.json under a key that changes with the loader's set-up
-    and the GPUs sysfs shows (`gpus`). What VK_EXT_memory_budget says is free is kept with it: --list-devices,
-    run as often, reads free memory again."""
+    and the GPUs sysfs shows (`gpus`). What VK_EXT_memory_budget says is free is kept with it: a launch that
+    needs it now (a GPU no vendor interface reads) asks again with refresh (probing.probe_devices)."""
     key = state.digest("\n".join([fingerprint(env), *gpus]))
     where = cache / "vulkan.json"
     data = None if refresh else state.read_json(where)

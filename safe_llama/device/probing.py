@@ -260,12 +260,11 @@ def probe_devices(
     else:
         opencl = OpenCLReport((), "not-probed", "not probed: llama.cpp lists no GPU and sysfs shows none")
         opencl_cached = False
-    vulkan, vulkan_cached = None, False
+    vulkan, vulkan_cached, gpus = None, False, [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
     # probed when a device llama.cpp lists or the request names is capped by ggml-vulkan's limits
     listed_vulkan = any(backend_named(d.backend).vulkan_limits for d in (llama.listed.devices if llama else ()))
     vulkan_prefixes = [p for b in BACKENDS if b.vulkan_limits for p in b.prefixes]
     if listed_vulkan or any(p in str(request.devices) for p in vulkan_prefixes):
-        gpus = [f"{g.bdf}:{g.driver}:{','.join(g.render_nodes)}" for g in sysfs.gpus]
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)
 
@@ -284,13 +283,18 @@ def probe_devices(
             free_now=free.readings,
             listing_age=time.time() - llama.probed_at if llama is not None else None,
             vulkan=vulkan,
+            vulkan_now=vulkan is not None and not vulkan_cached,
         )
 
     target = resolve(llama)
     if binary is not None and llama is not None and llama.cached and needs_free_now(target):
-        # no vendor interface answered for this GPU: llama.cpp's own listing is the free figure, so it is run
-        # again now (what another program holds changes between launches)
-        llama = probe_llama(binary, env=env, cache=cache, refresh=True, drivers=drivers)
+        # no vendor interface answered for this GPU: what another program holds changes between launches, so the
+        # free figure is read again now: VK_EXT_memory_budget in the Vulkan probe's child where the device has
+        # it, else llama.cpp's own listing run again
+        if target.vulkan is not None and target.vulkan.free_bytes is not None:
+            vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=True)
+        else:
+            llama = probe_llama(binary, env=env, cache=cache, refresh=True, drivers=drivers)
         target = resolve(llama)
     return DeviceReport(
         target=target,

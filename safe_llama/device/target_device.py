@@ -311,10 +311,12 @@ def resolve_target(
     free_now: Sequence[FreeReading] = (),
     listing_age: float | None = None,
     vulkan: VulkanReport | None = None,
+    vulkan_now: bool = False,
 ) -> TargetDevice:
     """The device a request lands on and its limits: declared > profile given by name > probed > a profile
     matched by device name. Pure: every fact comes in as a value (`rules`: the backends' rules with a user's
-    [backends] over them, as `profiles.backend_rules` reads them)."""
+    [backends] over them, as `profiles.backend_rules` reads them). `vulkan_now`: the Vulkan report was read now,
+    so its VK_EXT_memory_budget figure is the free memory of a GPU no vendor interface reads."""
     choice = _choose_llama_device(request, listed, profile)
     backend = backend_named(choice.backend)
     kind = backend.kind(choice.backend_device)
@@ -362,7 +364,9 @@ def resolve_target(
     reading, free_how = match_reading(choice.llama, pci, free_now, env)
     if free_how and reading is None:
         notes.append(f"free memory: {free_how}")
-    free = free_figure(choice.llama, reading, listing_age=listing_age)
+    own_memory = not on_host and not (integrated is not None and integrated.value)
+    budget = vk_limits.free_bytes if vk_limits is not None and vulkan_now and own_memory else None
+    free = free_figure(choice.llama, reading, listing_age=listing_age, vulkan_budget=budget)
     return TargetDevice(
         llama_name=choice.llama_name,
         backend=choice.backend,
@@ -385,7 +389,7 @@ def resolve_target(
         mapping_note="; ".join(notes),
         warnings=tuple(warnings),
         listed=choice.llama,
-        free_is_vendor=reading is not None,
+        free_is_vendor=reading is not None or budget is not None,
         free_reading=reading,
         vulkan=vk_limits,
     )

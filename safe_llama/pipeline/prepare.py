@@ -36,6 +36,7 @@ from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.device.probe_free import NvmlRead
+    from safe_llama.device.probing import DeviceReport
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,19 @@ def _prepare(
                 ExitStatus.WORKER_UNAVAILABLE,
             )
         listed_rpc = report.rpc.devices
+    remote = remote_devices(listed_rpc, options.declared.rpc_memory)
+    target = replace(probed_target(report, options, env), remote=remote)
+    prepared = Prepared(
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+    )
+    return replan(prepared, options, Lessons(), env)
+
+
+def probed_target(report: DeviceReport, options: PlanOptions, env: Mapping[str, str]) -> Target:
+    """The planner's view of a probed device: what every plan made on this machine starts from (a launch's,
+    `plan`'s, each of `models`' places)."""
     version = options.llama_version or (report.llama.version.version if report.llama and report.llama.version else None)
-    target = target_from(
+    return target_from(
         report.target,
         report.host,
         binary_version=version,
@@ -216,11 +228,6 @@ def _prepare(
         kv_split=options.kv_split,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
-    target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
-    prepared = Prepared(
-        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
-    )
-    return replan(prepared, options, Lessons(), env)
 
 
 def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapping[str, str]) -> Prepared:
@@ -240,6 +247,7 @@ def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapp
             ladder=options.ladder,
             user_fit_set=cmd.get("--fit") is not None,
             user_ngl=gpu_layers(cmd),
+            user_kv_types=cmd.get("--cache-type-k") is not None or cmd.get("--cache-type-v") is not None,
             floor=options.min_ctx,
             layout=prepared.layout,
             user_env=env,

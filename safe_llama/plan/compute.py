@@ -54,7 +54,7 @@ def compute_estimate(
     costs = costs or packaged_compute_costs()
     ctx = kv.context
     n_embd = facts.embedding_length
-    n_ff = max(facts.feed_forward_length, n_embd, expert_ff)
+    n_ff = max(facts.feed_forward_length, expert_ff)
     n_kv = _n_kv(kv)
     per_token = costs.activation_bytes_per_embd * n_embd + costs.activation_bytes_per_ff * n_ff
     # attention wider than the embedding (many or large heads): its Q, K, V and output rows are what is live
@@ -75,12 +75,21 @@ def compute_estimate(
     copies = 0
     width_k = max((layer.n_embd_k_gqa for layer in facts.layers if layer.has_kv), default=0)
     width_v = max((layer.n_embd_v_gqa for layer in facts.layers if layer.has_kv), default=0)
+    # the copies cover one layer's K and V in every stream (its view spans them all): -np 16 -no-kvu converts
+    # 16 streams of n_ctx_seq cells, the whole cache's length (H200: 4,152.28 MiB at -np 16 and 262,144 cells)
+    cells = n_kv * ctx.n_stream
     if kv_f16_copies and kv.flash_attn and req is not None:
         per_cell = (2 * width_k if req.type_k != "f16" else 0) + (2 * width_v if req.type_v != "f16" else 0)
-        copies = n_kv * per_cell
+        copies = cells * per_cell
     if kv_f16_copies and kv_on_host and req is not None:
-        copies += n_kv * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v))
-    return ctx.n_ubatch * per_token + mask + logits + copies
+        # ... and each layer's input goes over as well (H200 -ngl 0: 8 MiB at -ub 512, n_embd 4096)
+        copies += cells * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v)) + ctx.n_ubatch * 4 * n_embd
+    # without flash attention the heads' outputs are permuted and made contiguous (build_attn_mha's ggml_cont):
+    # one f32 row more per token (H200: 56 MiB against 48 at -ub 512, 16 heads of 256)
+    heads_out = max((h * v for h, v in zip(facts.head_count, facts.value_length, strict=False)), default=0)
+    merged = 0 if kv.flash_attn else 4 * heads_out
+    # the graph's small inputs (positions, output ids, the KV rows written; 0.02 - 0.28 MiB on the H200)
+    return ctx.n_ubatch * (per_token + merged) + mask + logits + copies + costs.graph_inputs_bytes
 
 
 def _n_kv(kv: KvPlan) -> int:
@@ -89,8 +98,11 @@ def _n_kv(kv: KvPlan) -> int:
 
 
 def _attention_bytes(facts: ModelFacts, kv: KvPlan) -> int:
-    """The attention mask, n_kv x n_ubatch: f16 with flash attention, f32 scores per head without it."""
-    return _n_kv(kv) * kv.context.n_ubatch * (2 if kv.flash_attn else 4 * max(facts.head_count, default=1))
+    """The attention mask, n_kv x n_ubatch: f16 with flash attention; without it the f32 mask and the f32
+    scores of every head (KQ, soft_max'ed in place). n_kv is one stream's cells: each stream's mask holds its
+    share of the ubatch (llama-graph.cpp build_attn_inp_kq_mask: n_tokens / n_stream rows per stream)."""
+    per_cell = 2 if kv.flash_attn else 4 * (max(facts.head_count, default=1) + 1)
+    return _n_kv(kv) * kv.context.n_ubatch * per_cell
 
 
 def logits_bytes(facts: ModelFacts, kv: KvPlan, req: KvRequest | None) -> int:
@@ -145,11 +157,13 @@ def input_mask_bytes(kv: KvPlan) -> int:
     return _n_kv(kv) * kv.context.n_ubatch * (2 if kv.flash_attn else 4)
 
 
-def host_compute_estimate(kv: KvPlan, costs: ComputeCosts | None = None) -> int:
+def host_compute_estimate(facts: ModelFacts, kv: KvPlan, costs: ComputeCosts | None = None) -> int:
     """The host-side compute buffer beside a GPU's: the attention mask (n_kv x n_ubatch, f16 with flash
-    attention, f32 without) and the other inputs ([compute] host_inputs_bytes)."""
+    attention, f32 without) and the other inputs, per token of the ubatch per n_embd ([compute]
+    host_inputs_bytes_per_embd, ..._without_flash) and a few fixed ones (graph_inputs_bytes)."""
     costs = costs or packaged_compute_costs()
-    return input_mask_bytes(kv) + costs.host_inputs_bytes
+    per_embd = costs.host_inputs_bytes_per_embd if kv.flash_attn else costs.host_inputs_bytes_per_embd_without_flash
+    return input_mask_bytes(kv) + kv.context.n_ubatch * facts.embedding_length * per_embd + costs.graph_inputs_bytes
 
 
 def packaged_compute_costs() -> ComputeCosts:

@@ -199,7 +199,10 @@ def memory_by_place(
     if main != "host" and not target.integrated:
         # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
         # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add(out, "host", "compute", host_compute_estimate(kv, costs) + copies)
+        add(out, "host", "compute", host_compute_estimate(facts, kv, costs) + copies)
+        k_on_host = backend_named(target.backend).quantized_k_attention_on_host
+        if k_on_host and not kv.flash_attn and settings.kv.type_k not in _FLOAT_TYPES:
+            add(out, "host", "compute", compute)  # each layer's KQ and soft_max on the CPU
     if layout.mmproj_bytes:
         add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
     if layout.draft is not None:
@@ -374,6 +377,7 @@ def _tensor_limits(kv: KvPlan, max_tensor: Sourced[int], n_ctx: int, device: str
 
 
 _PLAIN = frozenset({"weights", "kv", "compute"})
+_FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})  # cache types every backend multiplies in any view
 
 # llama-server's host memory that grows with use (counted under a cgroup or a declared budget once its size is set)
 _GROWS_IN_USE = ("prompt_cache", "checkpoints")

@@ -80,6 +80,7 @@ def plan(
     ladder: Sequence[str] | None = None,
     user_fit_set: bool = False,
     user_ngl: int | None = None,
+    user_kv_types: bool | None = None,
     floor: int | None = None,
     layout: Layout | None = None,
     user_env: Mapping[str, str] | None = None,
@@ -92,7 +93,7 @@ def plan(
     user_env = user_env or {}
     inputs = Inputs(
         facts, request, target, policy, policy.ctx_floor if floor is None else floor,
-        plan_kv(facts, request).context.n_ctx, user_ngl,
+        plan_kv(facts, request).context.n_ctx, user_ngl, user_kv_types,
     )  # fmt: skip
     steps = tuple(ladder if ladder is not None else policy.ladder_for(target.backend, request.tool))
     if STATEFUL_ENV in user_env:

@@ -27,7 +27,9 @@ class ComputeCosts:
 
     activation_bytes_per_embd: int
     activation_bytes_per_ff: int
-    host_inputs_bytes: int
+    graph_inputs_bytes: int
+    host_inputs_bytes_per_embd: int  # beside a GPU, per token of the ubatch per n_embd, with flash attention
+    host_inputs_bytes_per_embd_without_flash: int
     activation_bytes_per_attention: int = 0  # per element of one token's Q, K, V and attention output rows
     # a layer split over CPU devices (RPC workers under a CPU-only head): each device's own graph per token
     split_bytes_per_token: int = 0
@@ -65,6 +67,7 @@ class Policy:
     device_runtime: Mapping[str, int] = field(default_factory=dict)
     device_context: Mapping[str, int] = field(default_factory=dict)  # the part a listing's free figure lacks
     keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
+    keep_user_kv: bool = True  # a user's -fa off, -ctk, -ctv are constraints of the KV steps
     supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
     request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
     request_bytes_per_cell: int = 0  # ... and per context cell
@@ -256,7 +259,9 @@ COMPUTE = fields(
         "kv_f16_copies": (names, REQUIRED),
         "activation_bytes_per_embd": (PER_UNIT, REQUIRED),
         "activation_bytes_per_ff": (PER_UNIT, REQUIRED),
-        "host_inputs_bytes": (BYTES, REQUIRED),
+        "graph_inputs_bytes": (BYTES, REQUIRED),
+        "host_inputs_bytes_per_embd": (PER_UNIT, REQUIRED),
+        "host_inputs_bytes_per_embd_without_flash": (PER_UNIT, REQUIRED),
         "activation_bytes_per_attention": (PER_UNIT, 0),
         "split_bytes_per_token": (PER_UNIT, 0),
         "split_bytes_per_embd": (PER_UNIT, 0),
@@ -280,6 +285,7 @@ SCHEMA: dict[str, tuple[Kind, Any]] = {
     "rpc_worker_overhead_bytes": (BYTES, 0),
     "pipeline_copies": (whole(1, 64), 1),
     "keep_user_ngl": (flag, False),
+    "keep_user_kv": (flag, True),
     "request_bytes": (BYTES, 0),
     "request_bytes_per_cell": (PER_UNIT, 0),
     "prompt_cache_charge": (real(0, 16), 1.0),
@@ -358,16 +364,7 @@ def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | 
         openvino_q8=values["quantized_kv"]["openvino_q8"],
         failed_alloc_share_value=values["failed_alloc_share"],
         kv_f16_copy_backends=compute["kv_f16_copies"],
-        compute=ComputeCosts(
-            compute["activation_bytes_per_embd"],
-            compute["activation_bytes_per_ff"],
-            compute["host_inputs_bytes"],
-            activation_bytes_per_attention=compute["activation_bytes_per_attention"],
-            split_bytes_per_token=compute["split_bytes_per_token"],
-            split_bytes_per_embd=compute["split_bytes_per_embd"],
-            split_bytes_per_ff=compute["split_bytes_per_ff"],
-            split_first_bytes_per_embd=compute["split_first_bytes_per_embd"],
-        ),
+        compute=ComputeCosts(**{key: value for key, value in compute.items() if key != "kv_f16_copies"}),
         process_per_vocab_token=values["process_bytes_per_vocab_token"],
         process_per_cell=values["process_bytes_per_cell"],
         cpu_repack_types=frozenset(t.lower() for t in values["cpu_repack_types"]),
@@ -376,6 +373,7 @@ def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | 
         device_runtime=values["device_runtime_bytes"],
         device_context=values["device_context_bytes"],
         keep_user_ngl=values["keep_user_ngl"],
+        keep_user_kv=values["keep_user_kv"],
         supervisor_bytes=values["supervisor_bytes"],
         request_bytes=values["request_bytes"],
         request_bytes_per_cell=values["request_bytes_per_cell"],

@@ -42,6 +42,8 @@ class Inputs:
     floor: int  # never a context below this
     asked_ctx: int  # the context the request makes (llama.cpp's, without -c)
     user_ngl: int | None = None
+    # the user wrote -ctk or -ctv (None: not known; a cache type other than f16 is taken as written)
+    user_kv_types: bool | None = None
     weights_cache: WeightsCache = field(default_factory=WeightsCache)
 
     def fits(self, settings: LlamaSettings) -> bool:
@@ -103,6 +105,8 @@ def largest_ctx(inputs: Inputs, settings: LlamaSettings, floor: int, ceiling: in
 
     if not ok(lo):
         return None
+    if ok(hi):  # most often the whole ceiling fits: one check instead of a search
+        return hi * unit
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if ok(mid):
@@ -177,6 +181,29 @@ def _kv_type(name: str, new_type: str) -> Callable[[Inputs, State, Allocation], 
             return state.noted("q8_0 KV skipped: never verified on OpenVINO (set quantized_kv.openvino_q8 to allow)")
         if not kv_quant_ok(inputs.facts, new_type):
             return state.noted(f"{new_type} KV skipped: a head dimension is not a multiple of {block_size(new_type)}")
+        asked = inputs.request
+        written = inputs.user_kv_types
+        if written is None:
+            written = (asked.type_k, asked.type_v) != ("f16", "f16")
+        if inputs.policy.keep_user_kv and written:
+            return state.noted(
+                f"{new_type} KV skipped: your -ctk {asked.type_k} -ctv {asked.type_v} kept"
+                " (keep_user_kv = false allows it)"
+            )
+        if inputs.policy.keep_user_kv and asked.flash_attn == "off":
+            if _TYPE_ORDER.get(kv.type_k, 0) >= _TYPE_ORDER[new_type]:
+                return None
+            if backend_named(inputs.target.backend).quantized_k_attention_on_host:
+                return state.noted(
+                    f"{new_type} K skipped: your -fa off is kept, and {inputs.target.backend} runs a quantized K's"
+                    " attention on the CPU without flash attention (keep_user_kv = false allows -fa on)"
+                )
+            settings = replace(state.settings, kv=replace(kv, type_k=new_type))
+            why = (
+                f"{describe(over)}: a {new_type} K cache (-ctk {new_type}); V stays {kv.type_v}: your -fa off is kept"
+                " and llama.cpp quantizes V only under flash attention (keep_user_kv = false allows -fa on)"
+            )
+            return state.took(Step(name, why), settings, ("type_k",))
         settings = replace(state.settings, kv=replace(kv, type_k=new_type, type_v=new_type, flash_attn="on"))
         why = f"{describe(over)}: a {new_type} KV cache (-ctk {new_type} -ctv {new_type}, with -fa on as it requires)"
         return state.took(Step(name, why), settings, ("type_k", "type_v", "flash_attn"))

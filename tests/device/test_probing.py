@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -12,9 +13,14 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
+from safe_llama.device import probing
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
-from safe_llama.device.probing import probe_devices, probe_llama
+from safe_llama.device.llama_listing import parse_list_devices
+from safe_llama.device.probe_vulkan import VulkanReport
+from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
+from safe_llama.device.probing import LlamaProbe, probe_devices, probe_llama
+from tests import FIXTURES
 from tests.device.test_probe_host import v2_tree
 from tests.device.test_probe_sysfs import igpu_and_dgpu
 
@@ -143,3 +149,33 @@ def test_rpc_probe_names_a_worker_that_does_not_answer(llama_bin: Path) -> None:
 
     listed = probe_rpc(llama_bin / "llama-server", f"127.0.0.1:{free_port()}", env=dict(os.environ))
     assert listed.devices == () and listed.problem is not None and "Failed to connect to 127.0.0.1:" in listed.problem
+
+
+@pytest.mark.slow  # the real OpenCL probe (pocl) runs beside the faked ones
+def test_a_vulkan_gpu_without_nvml_reads_its_budget_again_not_the_listing(
+    env: dict[str, str], roots: ProbeRoots, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fakes (the H200's recorded listing and Vulkan report stand in for probes that need that GPU, which this
+    machine has not; NVML answers nothing): with the listing cached, the launch reads free memory again through
+    the Vulkan probe's child (VK_EXT_memory_budget), not by running llama.cpp's --list-devices again."""
+    h200 = FIXTURES / "nvidia-h200-vulkan"
+    recorded = json.loads((h200 / "safe-llama-devices.json").read_text())
+    listing = LlamaProbe("llama-server", "/x/llama-server", parse_list_devices((h200 / "list-devices.txt").read_text()),
+                         None, cached=True, probed_at=0.0)  # fmt: skip
+    listings: list[bool] = []
+    probes: list[bool] = []
+
+    def fake_listing(*_: object, refresh: bool = False, **__: object) -> LlamaProbe:
+        listings.append(refresh)
+        return listing
+
+    def fake_vulkan(*, refresh: bool = False, **_: object) -> tuple[VulkanReport, bool]:
+        probes.append(refresh)
+        return vulkan_from_dict(recorded["vulkan"]), not refresh
+
+    monkeypatch.setattr(probing, "probe_llama", fake_listing)
+    monkeypatch.setattr(probing, "probe_vulkan_cached", fake_vulkan)
+    report = probe_devices(binary=Path("/x/llama-server"), env=env, roots=roots)
+    free = report.target.memory_free_bytes
+    assert free is not None and (free.value, free.detail) == (150_092_709_888, "free now (VK_EXT_memory_budget)")
+    assert (listings, probes) == ([False], [False, True])

@@ -30,7 +30,9 @@ HOST = Sourced(8 << 30, "declared", "test")
 COSTS = ComputeCosts(
     activation_bytes_per_embd=32,
     activation_bytes_per_ff=16,
-    host_inputs_bytes=1000,
+    graph_inputs_bytes=1000,
+    host_inputs_bytes_per_embd=2,
+    host_inputs_bytes_per_embd_without_flash=3,
     activation_bytes_per_attention=4,
     split_bytes_per_token=100,
     split_bytes_per_embd=3,
@@ -64,7 +66,7 @@ def test_the_estimate_is_activations_mask_and_logits(dense: ModelFacts) -> None:
     per_token = 32 * 64 + 16 * 96
     mask = 1024 * 256 * 2  # f16 with flash attention
     logits = dense.vocab_size * 4 * 256  # llama-completion: n_outputs = n_ubatch
-    assert compute_estimate(dense, kv, req, costs=COSTS) == 256 * per_token + mask + logits
+    assert compute_estimate(dense, kv, req, costs=COSTS) == 256 * per_token + mask + logits + 1000  # + the inputs
 
 
 def test_it_grows_with_the_ubatch_and_the_context_as_the_formula_says(dense: ModelFacts) -> None:
@@ -82,7 +84,8 @@ def test_without_flash_attention_the_mask_is_f32_scores_per_head(dense: ModelFac
     off, req_off = _kv(dense, n_ubatch=256, flash_attn="off")
     assert off.flash_attn is False
     difference = compute_estimate(dense, off, req_off, costs=COSTS) - compute_estimate(dense, on, req_on, costs=COSTS)
-    assert difference == 1024 * 256 * (4 * 4 - 2)
+    # the f32 mask and the f32 scores of 4 heads, not the f16 mask; the heads' outputs made contiguous (4 x 16)
+    assert difference == 1024 * 256 * (4 * (4 + 1) - 2) + 256 * 4 * 4 * 16
 
 
 def test_a_server_holds_one_output_per_slot(dense: ModelFacts) -> None:
@@ -98,9 +101,9 @@ def test_wide_attention_sets_the_activations(tmp_path: Path) -> None:
     """8 heads of 64 on an embedding of 32: Q, K, V and output rows of 512 + 128 + 128 + 512 per token."""
     facts = load_model_facts(write_tiny_gguf(tmp_path / "wide.gguf", n_embd=32, n_head=8, head_dim=64))
     kv, req = _kv(facts, n_ubatch=128)
-    rest = compute_estimate(facts, kv, req, costs=ComputeCosts(0, 0, 0))
-    assert compute_estimate(facts, kv, req, costs=COSTS) - rest == 128 * (4 * (512 + 128 + 128 + 512) + 32 * 32)
-    narrow = ComputeCosts(32, 16, 0)  # no attention cost: the embd/ff part alone
+    rest = compute_estimate(facts, kv, req, costs=ComputeCosts(0, 0, 0, 0, 0))
+    assert compute_estimate(facts, kv, req, costs=COSTS) - rest == 128 * (4 * (512 + 128 + 128 + 512) + 32 * 32) + 1000
+    narrow = ComputeCosts(32, 16, 0, 0, 0)  # no attention cost: the embd/ff part alone
     assert compute_estimate(facts, kv, req, costs=narrow) - rest == 128 * (32 * 32 + 16 * 64)
 
 
@@ -129,7 +132,8 @@ def test_kv_on_host_also_copies_the_layer_in_its_cache_types(dense: ModelFacts) 
     kv, req = _kv(dense, n_ubatch=256, type_k="q8_0", type_v="q8_0")
     on_device = compute_estimate(dense, kv, req, costs=COSTS, kv_f16_copies=True)
     on_host = compute_estimate(dense, kv, req, costs=COSTS, kv_f16_copies=True, kv_on_host=True)
-    assert on_host - on_device == 1024 * 2 * row_bytes("q8_0", 32) == 1024 * 2 * 34
+    # one layer's K and V in their types, and the layer's input (n_embd 64 f32 per token of the ubatch)
+    assert on_host - on_device == 1024 * 2 * row_bytes("q8_0", 32) + 256 * 4 * 64 == 1024 * 2 * 34 + 65536
     assert compute_estimate(dense, kv, req, costs=COSTS, kv_on_host=True) == compute_estimate(
         dense, kv, req, costs=COSTS
     )  # a backend without f16 copies copies nothing either
@@ -138,7 +142,7 @@ def test_kv_on_host_also_copies_the_layer_in_its_cache_types(dense: ModelFacts) 
 def test_the_packaged_costs_are_the_default(dense: ModelFacts) -> None:
     kv, req = _kv(dense)
     packaged = packaged_compute_costs()
-    assert packaged.activation_bytes_per_embd == 32 and packaged.host_inputs_bytes == 48 << 20
+    assert packaged.activation_bytes_per_embd == 8 and packaged.host_inputs_bytes_per_embd == 16
     assert compute_estimate(dense, kv, req) == compute_estimate(dense, kv, req, costs=packaged)
 
 
@@ -147,7 +151,8 @@ def test_the_hosts_part_beside_a_gpu(dense: ModelFacts) -> None:
     no_flash, _ = _kv(dense, n_ubatch=256, flash_attn="off")
     assert input_mask_bytes(flash) == 1024 * 256 * 2
     assert input_mask_bytes(no_flash) == 1024 * 256 * 4  # one f32 mask, not per head
-    assert host_compute_estimate(flash, COSTS) == 1024 * 256 * 2 + 1000
+    assert host_compute_estimate(dense, flash, COSTS) == 1024 * 256 * 2 + 256 * 64 * 2 + 1000
+    assert host_compute_estimate(dense, no_flash, COSTS) == 1024 * 256 * 4 + 256 * 64 * 3 + 1000
 
 
 def test_split_compute_per_cpu_device(dense: ModelFacts) -> None:
@@ -171,5 +176,5 @@ def test_device_compute_on_gpus_is_the_whole_graph_on_each(dense: ModelFacts) ->
     kv, req = _kv(dense)
     gpu = Target(host_budget=HOST, backend="cuda", on_gpu=True, compute_costs=COSTS)
     assert device_compute(dense, kv, req, gpu, ["CUDA0", "CUDA1", "CUDA1"], 123) == {"CUDA0": 123, "CUDA1": 123}
-    no_split_costs = Target(host_budget=HOST, backend="cpu", compute_costs=ComputeCosts(32, 16, 0))
+    no_split_costs = Target(host_budget=HOST, backend="cpu", compute_costs=ComputeCosts(32, 16, 0, 0, 0))
     assert device_compute(dense, kv, req, no_split_costs, ["RPC0", "RPC0"], 5) == {"RPC0": 5}

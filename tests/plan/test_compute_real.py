@@ -46,6 +46,11 @@ CASES = [
     ("completion", ["-c", "32768", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]),
     ("server", ["-c", "16384"]),
     ("server", ["-c", "65536", "-np", "1"]),
+    # the server layouts of issue 36 (on the CPU the copies and the per-stream masks of a GPU do not arise)
+    ("server", ["-c", "65536", "-np", "16", "-no-kvu"]),
+    ("server", ["-c", "32768", "-fa", "off", "-np", "4"]),
+    ("server", ["-c", "32768", "-np", "16", "-ctk", "q8_0", "-ctv", "q8_0"]),
+    ("server", ["-c", "16384", "-ub", "128", "-b", "128"]),
 ]
 
 

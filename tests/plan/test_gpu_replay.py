@@ -61,7 +61,8 @@ def test_the_plan_for_the_recorded_h200_is_the_context_that_started(big: Path) -
         decided = plan(facts, req, _h200(), policy, user_ngl=99)
         row = started[case]
         assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
-        assert decided.settings.kv.n_ctx == row["chosen"] == 1_663_744
+        # the recording's plan (1,663,744) carried 48 MiB of activations more than the graph holds: one step more now
+        assert decided.settings.kv.n_ctx == row["chosen"] + 512 == 1_664_256
         assert (decided.settings.kv.type_k, decided.settings.kv.type_v) == ("q8_0", "q8_0")
         assert decided.settings.kv.n_ctx / truth[case] >= 0.97
 
@@ -77,7 +78,7 @@ def test_logged_buffers_are_the_predicted_ones(big: Path, log: str) -> None:
     req = to_request(parse("server", argv, {})).kv
     kv = plan_kv(facts, req)
     assert f"{kv.total_bytes / MIB:.2f}" == kv_mib
-    host = host_compute_estimate(kv)
+    host = host_compute_estimate(facts, kv)
     assert compute["CUDA_Host"] <= host <= compute["CUDA_Host"] * 1.05
     # with -ngl 0 the KV is in host memory and the CUDA build still runs the attention on CUDA0 (op offload):
     # one layer's K and V are copied over in their cache type beside the f16 copies
@@ -100,7 +101,7 @@ def test_ngl0_places_the_copies_on_the_gpu(big: Path) -> None:
     layout = nopo.layout
     without = memory_by_place(load_model_facts(big), LlamaSettings(kv=nopo.kv, n_gpu_layers=0, layout=layout), _h200())
     # by rule (not recorded): without op offload the host KV is not copied over
-    copied = int(cells) * 2 * 4352
+    copied = int(cells) * 2 * 4352 + 512 * 4 * 4096  # one layer's K and V, and the layer's input
     assert places["CUDA0"]["compute"] - without["CUDA0"]["compute"] == copied
 
 
@@ -126,7 +127,7 @@ def test_cpu_moe_on_the_h200_started_first_time_within_3_percent(moe: Path) -> N
         decided = plan(facts, request.kv, _h200(), policy, user_ngl=99, layout=layout)
         row = rows[case]
         assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
-        assert decided.settings.kv.n_ctx == row["chosen"] == 1_664_000
+        assert decided.settings.kv.n_ctx == row["chosen"] + 512 == 1_664_512  # 48 MiB of activations less
         assert decided.settings.kv.n_ctx / truth >= 0.97
     # without --cpu-moe the 12 GiB of experts would sit on the GPU: a smaller context
     bare = plan(facts, to_request(parse("server", ["-m", str(moe), "-ngl", "99"], {})).kv, _h200(), policy, user_ngl=99)
@@ -151,4 +152,4 @@ def test_cpu_moe_buffers_logged_on_the_h200_are_the_planned_ones(moe: Path) -> N
     assert places["host"]["weights"] >= 12 * (1 << 30)
     device = compute_estimate(facts, kv, request.kv, kv_f16_copies=True)
     assert compute["CUDA0"] <= device <= compute["CUDA0"] * 1.01
-    assert compute["CUDA_Host"] <= host_compute_estimate(kv) <= compute["CUDA_Host"] * 1.05
+    assert compute["CUDA_Host"] <= host_compute_estimate(facts, kv) <= compute["CUDA_Host"] * 1.05

@@ -41,7 +41,7 @@ def _packaged_copy(tmp_path: Path, old: str, new: str) -> Path:
 def test_the_packaged_values(policy: Policy) -> None:
     assert policy.ctx_floor == 4096 and policy.skip_llama_fit is True
     assert policy.max_alloc_margin["vulkan"] == 64 << 20
-    assert policy.compute.activation_bytes_per_embd == 32 and policy.compute.split_bytes_per_token == 4192
+    assert policy.compute.activation_bytes_per_embd == 8 and policy.compute.split_bytes_per_token == 4192
     assert policy.kv_f16_copy_backends == ("cuda", "hip")
     assert policy.cpu_repack_types == frozenset({"q4_0", "q4_k", "iq4_nl", "mxfp4"})
     assert policy.openvino_q8 is False and policy.pipeline_copies == 4
@@ -49,7 +49,7 @@ def test_the_packaged_values(policy: Policy) -> None:
 
 
 def test_per_backend_falls_back_to_default(policy: Policy) -> None:
-    assert policy.per_backend(policy.memory_margin_fraction, "vulkan") == 0.05
+    assert policy.per_backend(policy.memory_margin_fraction, "vulkan") == 0.02
     assert policy.per_backend(policy.memory_margin_fraction, "metal") == 0.02
     assert policy.per_backend({"cuda": 1}, "metal") is None  # no default: nothing
 
@@ -84,7 +84,7 @@ def test_a_users_table_is_merged_key_by_key(tmp_path: Path) -> None:
     user.write_text("[planner]\nctx_floor = 8192\n[planner.memory_margin_fraction]\ncuda = 0.1\n")
     policy = load_policy(PACKAGED, user)
     assert policy.ctx_floor == 8192
-    assert policy.memory_margin_fraction == {"default": 0.02, "cuda": 0.1, "vulkan": 0.05}
+    assert policy.memory_margin_fraction == {"default": 0.02, "cuda": 0.1, "vulkan": 0.02}
 
 
 def test_a_missing_user_config_is_the_packaged_policy(tmp_path: Path, policy: Policy) -> None:

@@ -94,7 +94,8 @@ def test_80_gib_held_plans_the_context_that_started(models: dict[str, Path], pol
     bare = row["bare"]
     assert isinstance(safe, dict) and isinstance(bare, dict)
     assert safe["ready"] and safe["attempts"] == 1
-    assert kv.n_ctx == row["chosen"] == 681_728 and (kv.type_k, kv.type_v) == ("q8_0", "q8_0")
+    # the recording's plan carried 48 MiB of activations more than the graph holds: one 512-cell step more now
+    assert kv.n_ctx == int(str(row["chosen"])) + 512 == 682_240 and (kv.type_k, kv.type_v) == ("q8_0", "q8_0")
     assert kv.n_ctx / int(str(row["largest_that_starts"])) >= 0.97
     # llama.cpp's own fit, beside it: f16 at 451,840 cells (with no -c); -c 2000000 -ngl 99 did not start
     assert bare["ready"] == (case == "ngl99-noc")

@@ -3,6 +3,8 @@ that stops once the plan fits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from safe_llama.backends.openvino import STATEFUL_ENV
@@ -133,3 +135,50 @@ def test_took_keeps_a_changed_options_first_place() -> None:
         ("--gpu-layers", "10"), ("--fit", "off"), ("--ctx-size", "4096"),
     ]  # fmt: skip
     assert after.taken == (Step("ngl", "why"),) and state.taken == ()
+
+
+def _asked(facts: ModelFacts, policy: Policy, **asked: str) -> tuple[Inputs, State]:
+    request = KvRequest(tool="server", n_ctx=65536, **asked)  # type: ignore[arg-type]
+    inputs = Inputs(facts, request, _igpu(), policy, policy.ctx_floor, plan_kv(facts, request).context.n_ctx)
+    return inputs, State(LlamaSettings(kv=request))
+
+
+def test_a_users_fa_off_is_kept_and_only_k_is_quantized(facts: ModelFacts, policy: Policy) -> None:
+    inputs, state = _asked(facts, policy, flash_attn="off")
+    after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None
+    kv = after.settings.kv
+    assert (kv.type_k, kv.type_v, kv.flash_attn) == ("q4_0", "f16", "off") and "type_k" in after.decided
+    assert "V stays f16: your -fa off is kept" in after.taken[-1].reason
+    overridden, state = _asked(facts, replace(policy, keep_user_kv=False), flash_attn="off")
+    moved = LADDER["kv-q4"](overridden, state, worst(overridden.allocations(state.settings)))
+    assert moved is not None and moved.settings.kv.flash_attn == "on" and moved.settings.kv.type_v == "q4_0"
+
+
+def test_a_users_cache_types_are_kept(facts: ModelFacts, policy: Policy) -> None:
+    inputs, state = _asked(facts, policy, type_k="q8_0", type_v="q8_0")
+    after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.settings.kv.type_k == "q8_0"
+    assert "q4_0 KV skipped: your -ctk q8_0 -ctv q8_0 kept" in after.notes[-1]
+
+
+def test_an_explicit_f16_cache_is_kept_too(facts: ModelFacts, policy: Policy) -> None:
+    """-ctk f16 -ctv f16 on the command line (user_kv_types, from prepare's parse) is a choice, not a default."""
+    request = KvRequest(tool="server", n_ctx=65536)
+    inputs = Inputs(facts, request, _igpu(), policy, policy.ctx_floor, 65536, user_kv_types=True)
+    state = State(LlamaSettings(kv=request))
+    after = LADDER["kv-q4"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and after.settings.kv.type_k == "f16"
+    assert "your -ctk f16 -ctv f16 kept" in after.notes[-1]
+
+
+def test_vulkan_keeps_a_users_fa_off_without_quantizing_k(facts: ModelFacts, policy: Policy) -> None:
+    """Vulkan would run a quantized K's attention on the CPU without flash attention: no K-only step there."""
+    request = KvRequest(tool="server", n_ctx=65536, flash_attn="off")
+    vulkan = Target(backend="vulkan", device="Vulkan0", on_gpu=True, device_memory=Sourced(8 * GIB, "declared", "t"),
+                    host_budget=Sourced(32 * GIB, "declared", "test"))  # fmt: skip
+    inputs = Inputs(facts, request, vulkan, policy, policy.ctx_floor, 65536)
+    state = State(LlamaSettings(kv=request))
+    after = LADDER["kv-q8"](inputs, state, worst(inputs.allocations(state.settings)))
+    assert after is not None and (after.settings.kv.type_k, after.settings.kv.flash_attn) == ("f16", "off")
+    assert "vulkan runs a quantized K's attention on the CPU" in after.notes[-1]

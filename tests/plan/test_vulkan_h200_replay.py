@@ -131,9 +131,11 @@ def test_a_gpu_with_80_gib_held_plans_by_its_free_memory(big: Path, recorded: di
     policy = load_policy(packaged_configs() / "planner.toml")
     decided = plan(load_model_facts(big), req, _target(recorded, HELD_FREE), policy, user_ngl=99)
     _, cells = KV_LINE.findall((FIXTURES / "held80-c2M-ngl99-safe-llama.log").read_text())[-1]
-    assert decided.settings.kv.n_ctx == row["chosen"] == int(cells) == 815_104
+    assert row["chosen"] == int(cells) == 815_104 and row["chosen"] / row["largest_that_starts"] >= 0.94
     assert row["safe_llama"]["ready"] and row["safe_llama"]["attempts"] == 1
-    assert row["chosen"] / row["largest_that_starts"] >= 0.94
+    # since: the runtime's measured 64 MiB and a 2% margin (not 512 MiB and 5%), the compute as its graph holds it:
+    # 0.98 of the largest that started (by this replay; the H200 run of benchmarks/gpu_layouts_first_start.sh checks it)
+    assert decided.settings.kv.n_ctx == 848_896 and 0.97 <= decided.settings.kv.n_ctx / row["largest_that_starts"] < 1
     assert not row["bare"]["ready"]
 
 
@@ -143,3 +145,24 @@ def test_the_bare_abort_is_recognised() -> None:
     assert "cannot run the operation" in text and text.rstrip().endswith("rc=134")
     failure = classify(scan_text(load_table(), text.encode()), -6)
     assert failure is not None and failure.memory and failure.signature_id == "kv-tensor-unsupported"
+
+
+@pytest.mark.parametrize("now", [True, False])
+def test_without_nvml_the_free_figure_is_vk_memory_budget_read_now(recorded: dict[str, Any], now: bool) -> None:
+    """No vendor reading (NVML absent): the Vulkan probe's VK_EXT_memory_budget (heapBudget - heapUsage of the
+    device-local heap) is the free figure when that probe ran now; a cached probe's is not, and the listing's
+    figure (llama.cpp run again at launch) is taken instead."""
+    listed = parse_list_devices((FIXTURES / "list-devices.txt").read_text())
+    device = resolve_target(
+        request=DeviceRequest(None, "default", None), listed=listed,
+        opencl=opencl_from_dict(recorded["opencl"]), sysfs=SysfsReport((), (), "not replayed"),
+        host_total=recorded["host"]["total"]["value"], env={}, free_now=(),
+        vulkan=vulkan_from_dict(recorded["vulkan"]), vulkan_now=now,
+    )  # fmt: skip
+    free = device.memory_free_bytes
+    assert free is not None and device.vulkan is not None
+    if now:
+        assert (free.value, free.detail) == (150_092_709_888, "free now (VK_EXT_memory_budget)")
+        assert device.free_is_vendor  # no listing is run again for it
+    else:
+        assert "--list-devices" in free.detail and not device.free_is_vendor

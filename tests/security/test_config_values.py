@@ -67,7 +67,7 @@ CONFIG = "{home}/.config/safe-llama/config.toml: [planner] "
                      id="charge-nan"),
         pytest.param("[planner]\nskip_llama_fit = \"false\"", 'skip_llama_fit: "false" is not', "true or false",
                      id="bool-as-text"),
-        pytest.param("[planner.compute]\nhost_inputs_bytes = -5", "compute.host_inputs_bytes: -5 is not",
+        pytest.param("[planner.compute]\ngraph_inputs_bytes = -5", "compute.graph_inputs_bytes: -5 is not",
                      "a whole number of bytes from 0 to", id="compute-negative"),
         pytest.param("[planner.kv_split]\ncpu = \"sometimes\"", 'kv_split.cpu: "sometimes" is not',
                      '"never", "always" or { since = "X.Y.Z" }', id="kv-split-word"),
