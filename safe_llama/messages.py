@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from string import Formatter
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 
@@ -35,6 +34,8 @@ class Message:
         return SafeLlamaError(PREFIX + self.text(**values), status)
 
     def fields(self) -> tuple[str, ...]:
+        from string import Formatter  # here: explain and the tests read templates, a launch only fills them
+
         return tuple(name for _, name, _, _ in Formatter().parse(self.template) if name is not None)
 
     def inside(self, name: str, inner: Message) -> Message:
@@ -43,6 +44,8 @@ class Message:
 
     def pattern(self, fields: Mapping[str, str]) -> re.Pattern[str]:
         """The whole line's regex: the template's words as they are, each field a named group of its pattern."""
+        from string import Formatter
+
         parts = ["^"]
         for words, name, _, _ in Formatter().parse(self.template):
             parts.append(re.escape(words))

@@ -146,6 +146,9 @@ SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "env_prefixes": _SEQUENCE,
         "host": (*_SEQUENCE, type(None)),
         "counters": _SEQUENCE,
+        "cgroup": (int, type(None)),
+        "device": (*_SEQUENCE, type(None)),
+        "others": str,
     },
     "secret-options": {"options": _SEQUENCE},
 }

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from safe_llama.attempts import retry
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.messages import AFTER_FAILED_STARTS, NO_ATTEMPTS_LEFT, NO_SMALLER_PLAN, RETRY, RETRY_WORKER
-from safe_llama.plan.target import Lessons, RemoteDevice
+from safe_llama.plan.lessons import Lessons
+from safe_llama.plan.target import RemoteDevice
 from safe_llama.units import human
 
 if TYPE_CHECKING:

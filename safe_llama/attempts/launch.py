@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the planner's side is imported where used: an early start m
     from safe_llama.device.ledger import Entry
     from safe_llama.diagnosis.signatures import SignatureTable
     from safe_llama.pipeline.prepare import LaunchOptions, PlanOptions, Prepared
-    from safe_llama.plan.target import Lessons
+    from safe_llama.plan.lessons import Lessons
     from safe_llama.process.startup import Outcome
     from safe_llama.remembered.early import Early
     from safe_llama.remembered.record_window import Recorder
@@ -76,7 +76,7 @@ def run_attempts(
     from safe_llama.device import ledger
     from safe_llama.device.binaries import find_binary
     from safe_llama.diagnosis.signatures import load_table
-    from safe_llama.plan.target import Lessons
+    from safe_llama.plan.lessons import Lessons
     from safe_llama.process.channels import check_not_nested
 
     raw_env = recorder.raw if recorder is not None else env
@@ -189,7 +189,8 @@ def _attempts(
         if first is not None and attempt == 1:
             outcome = first
         else:
-            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(redact_argv(start.argv))[:200]
+            shown = redact_argv(start.argv, keep_in=cache_dir(env))
+            status = f"attempt {attempt}: {os.path.basename(binary)} " + " ".join(shown)[:200]
             store, record = None, None
             if prepared is not None and digest is not None and prepared.plan is not None and start.planned:
                 store = (digest, prepared, env)

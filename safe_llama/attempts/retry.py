@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from safe_llama.diagnosis.signatures import Failure
-from safe_llama.plan.target import Lessons
+from safe_llama.plan.lessons import Lessons
 from safe_llama.units import human
 
 if TYPE_CHECKING:

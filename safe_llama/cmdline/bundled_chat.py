@@ -8,7 +8,6 @@ table; must not decide whether the bundled model is used (model_source does) or 
 from __future__ import annotations
 
 import shlex
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,10 @@ def parse_chat_defaults(raw: Mapping[str, Any], where: str) -> ChatDefaults:
 
 
 def load_chat_defaults(path: Path) -> ChatDefaults:
+    """The bundled model's chat options (configs/bundled-model.toml): read only for a launch that names no model,
+    so tomllib is imported here, not on every plan's way."""
+    import tomllib
+
     try:
         return parse_chat_defaults(tomllib.loads(path.read_text(encoding="utf-8")), str(path))
     except OSError as err:

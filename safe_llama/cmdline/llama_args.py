@@ -356,11 +356,12 @@ class Secrets(NamedTuple):
 
 
 @cache
-def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
-    """configs/secrets.toml, each option widened to all its names in the option table."""
+def secrets(tool: str = "server", path: Path | None = None, keep_in: Path | None = None) -> Secrets:
+    """configs/secrets.toml, each option widened to all its names in the option table. keep_in: the cache folder
+    where its parse is kept (state.load_toml): a launch and a plan then go without importing tomllib."""
     from safe_llama import state
 
-    raw = state.load_toml(path or packaged_configs() / "secrets.toml")
+    raw = state.load_toml(path or packaged_configs() / "secrets.toml", keep_in)
     named = {_normalise(str(o)) for o in raw["options"]}
     table = arg_table(tool)
     options = set(named)
@@ -370,19 +371,19 @@ def secrets(tool: str = "server", path: Path | None = None) -> Secrets:
     return Secrets(frozenset(options), frozenset(map(str, raw["env"])), tuple(map(str, raw["env_fragments"])))
 
 
-def redact_argv(argv: Sequence[str], tool: str = "server") -> list[str]:
+def redact_argv(argv: Sequence[str], tool: str = "server", keep_in: Path | None = None) -> list[str]:
     """argv safe to print: the value of every secret option replaced (--opt VALUE and --opt=VALUE)."""
-    return mask_values(argv, secrets(tool).options, REDACTED)
+    return mask_values(argv, secrets(tool, keep_in=keep_in).options, REDACTED)
 
 
-def secret_env(name: str) -> bool:
+def secret_env(name: str, keep_in: Path | None = None) -> bool:
     """Whether the variable `name` holds a secret (configs/secrets.toml: its names and fragments)."""
-    found = secrets()
+    found = secrets(keep_in=keep_in)
     return name in found.env or any(fragment in name for fragment in found.env_fragments)
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if secret_env(k) else v) for k, v in env.items()}
+def redact_env(env: Mapping[str, str], keep_in: Path | None = None) -> dict[str, str]:
+    return {k: (REDACTED if secret_env(k, keep_in) else v) for k, v in env.items()}
 
 
 def secret_values(argv: Sequence[str], tool: str = "server", env: Mapping[str, str] | None = None) -> set[str]:

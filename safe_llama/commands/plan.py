@@ -77,7 +77,10 @@ def plan_command(
     if note:
         extra.append(note)
     result["notes"] = list(result["notes"]) + extra
-    result.update(render.decision_result(prepared.target, prepared.plan, final_argv(prepared), prepared.error))
+    decision = render.decision_result(
+        prepared.target, prepared.plan, final_argv(prepared), prepared.error, keep_in=cache_dir(env)
+    )
+    result.update(decision)
     settings = (
         prepared.plan.settings if prepared.plan else LlamaSettings(kv=prepared.request.kv, layout=prepared.layout)
     )

@@ -62,13 +62,9 @@ def locate_binary(
         if not os.access(path, os.X_OK) or path.is_dir():
             raise SafeLlamaError(f"safe-llama: {path} ({source}): not executable", ExitStatus.NOT_EXECUTABLE)
         return path, source
-    import shutil  # here: it imports the compression modules, which a pass-through exec never needs
-
     for directory in env.get("PATH", "").split(os.pathsep):
-        if not directory:
-            continue
-        found = shutil.which(name, path=directory)
-        if found and not _is_self(found, own):
+        found = os.path.join(directory, name)  # shutil.which's test on POSIX (shutil imports the compression modules)
+        if directory and os.path.isfile(found) and os.access(found, os.X_OK) and not _is_self(found, own):
             return Path(found), "PATH"
     places = pinned_bin_dirs("cpu", env)
     for where, folder in places:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from safe_llama.device.limits import NOTHING_DECLARED, DeclaredLimits, Sourced
-from safe_llama.device.probe_host import HostMemory
+from safe_llama.device.probe_host import HostMemory, cgroup_headroom
 from safe_llama.units import human
 
 HOST_LIMIT_KINDS = ("ram", "cgroup", "address space")
@@ -56,20 +56,14 @@ def host_budget(host: HostMemory, declared: DeclaredLimits = NOTHING_DECLARED) -
         if cgroup.current_bytes is not None:
             file = "memory.current" if cgroup.version == 2 else "memory.usage_in_bytes"
             cg_cur = Sourced(cgroup.current_bytes, "probed", f"{label} {file} in {cgroup.current_dir}")
-        ceilings = []
-        if cgroup.max_bytes is not None:
-            ceilings.append((cgroup.max_bytes, "memory.max" if cgroup.version == 2 else "memory.limit_in_bytes"))
-        if cgroup.high_bytes is not None:  # above memory.high the kernel reclaims and throttles hard
-            ceilings.append((cgroup.high_bytes, "memory.high"))
-        if ceilings:
-            ceiling, file = min(ceilings)
-            used = cgroup.current_bytes or 0
-            reclaimable = min(cgroup.inactive_file_bytes or 0, used)
+        headroom = cgroup_headroom(cgroup)
+        if headroom is not None:
+            room, file, reclaimable = headroom
             limits.append(
                 HostLimit(
                     "cgroup",
                     Sourced(
-                        max(ceiling - (used - reclaimable), 0),
+                        room,
                         "probed",
                         f"{label} headroom: {file} - (usage - {human(reclaimable)} reclaimable page cache)",
                     ),

@@ -6,21 +6,18 @@ decide which GPU llama.cpp uses (target_device matches a reading to the target) 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import select
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from safe_llama.backends.registry import backend_named
 from safe_llama.device.limits import NVIDIA
 from safe_llama.device.llama_listing import ListedDevices
 from safe_llama.device.probe_sysfs import SysfsReport
-
-NVML_LIBRARY = "libnvidia-ml.so.1"
+from safe_llama.device.vendor_free import NVML_LIBRARY, NVML_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -91,32 +88,28 @@ def _processes(value: object) -> tuple[tuple[int, int], ...] | None:
     return tuple(out)
 
 
-class _Memory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class _ProcessInfo(ctypes.Structure):
-    # nvmlProcessInfo_t (nvml.h, the _v3 queries)
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("usedGpuMemory", ctypes.c_ulonglong),
-        ("gpuInstanceId", ctypes.c_uint),
-        ("computeInstanceId", ctypes.c_uint),
-    ]
-
-
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE: a process whose use NVML cannot tell
 
 
-def _nvml_processes(nvml: ctypes.CDLL, handle: ctypes.c_void_p) -> tuple[tuple[int, int], ...] | None:
+def _nvml_processes(nvml: Any, handle: Any) -> tuple[tuple[int, int], ...] | None:
     """What each process holds on the GPU (CUDA's and graphics', Vulkan's, added up by pid); None when NVML
-    cannot say (an old driver, a process whose use is not available)."""
+    cannot say (an old driver, a process whose use is not available). ctypes is imported here, as in read_nvml."""
+    import ctypes
+
+    class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_t (nvml.h, the _v3 queries)
+        _fields_ = [
+            ("pid", ctypes.c_uint),
+            ("usedGpuMemory", ctypes.c_ulonglong),
+            ("gpuInstanceId", ctypes.c_uint),
+            ("computeInstanceId", ctypes.c_uint),
+        ]
+
     held: dict[int, int] = {}
     for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"):
         query = getattr(nvml, name, None)
         if query is None:
             return None
-        infos = (_ProcessInfo * 64)()
+        infos = (ProcessInfo * 64)()
         count = ctypes.c_uint(64)
         if query(handle, ctypes.byref(count), infos) != 0:
             return None
@@ -125,19 +118,6 @@ def _nvml_processes(nvml: ctypes.CDLL, handle: ctypes.c_void_p) -> tuple[tuple[i
                 return None
             held[int(info.pid)] = held.get(int(info.pid), 0) + int(info.usedGpuMemory)
     return tuple(sorted(held.items()))
-
-
-class _PciInfo(ctypes.Structure):
-    # nvmlPciInfo_t (nvml.h): the v3 query fills it
-    _fields_ = [
-        ("busIdLegacy", ctypes.c_char * 16),
-        ("domain", ctypes.c_uint),
-        ("bus", ctypes.c_uint),
-        ("device", ctypes.c_uint),
-        ("pciDeviceId", ctypes.c_uint),
-        ("pciSubSystemId", ctypes.c_uint),
-        ("busId", ctypes.c_char * 32),
-    ]
 
 
 def normal_bdf(text: str) -> str:
@@ -149,7 +129,24 @@ def normal_bdf(text: str) -> str:
 
 def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeReport:
     """Every NVIDIA GPU's total and free memory through NVML. No NVIDIA driver: no readings, and why.
-    shutdown False: leave NVML open (a process that exits right after: nvmlShutdown took 17 ms on an H200)."""
+    shutdown False: leave NVML open (a process that exits right after: nvmlShutdown took 17 ms on an H200).
+    ctypes is imported here: a machine without an NVIDIA GPU never reads NVML, and a plan goes without it."""
+    import ctypes
+
+    class Memory(ctypes.Structure):  # nvmlMemory_t
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    class PciInfo(ctypes.Structure):  # nvmlPciInfo_t (nvml.h): the v3 query fills it
+        _fields_ = [
+            ("busIdLegacy", ctypes.c_char * 16),
+            ("domain", ctypes.c_uint),
+            ("bus", ctypes.c_uint),
+            ("device", ctypes.c_uint),
+            ("pciDeviceId", ctypes.c_uint),
+            ("pciSubSystemId", ctypes.c_uint),
+            ("busId", ctypes.c_char * 32),
+        ]
+
     try:
         nvml = ctypes.CDLL(library)
     except OSError:
@@ -165,14 +162,14 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
         readings = []
         for index in range(count.value):
             handle = ctypes.c_void_p()
-            memory = _Memory()
+            memory = Memory()
             if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
                 continue
             if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
                 continue
             name = ctypes.create_string_buffer(96)
             uuid = ctypes.create_string_buffer(96)
-            pci = _PciInfo()
+            pci = PciInfo()
             readings.append(
                 FreeReading(
                     source="nvml",
@@ -191,9 +188,6 @@ def read_nvml(library: str = NVML_LIBRARY, *, shutdown: bool = True) -> FreeRepo
     finally:
         if shutdown:
             nvml.nvmlShutdown()
-
-
-NVML_TIMEOUT = 5.0  # seconds a forked NVML read may take before it is killed (a wedged driver)
 
 
 class NvmlRead:
@@ -222,6 +216,9 @@ class NvmlRead:
 
     def result(self, timeout: float = NVML_TIMEOUT) -> FreeReport:
         """The child's report (waiting at most timeout seconds for it); the child is reaped."""
+        import select
+        import signal
+
         if not self._open:
             return FreeReport((), None, "NVML: the reading was already taken")
         pid, self._open = self.pid, False
@@ -247,6 +244,8 @@ class NvmlRead:
 
     def cancel(self) -> None:
         """Not needed after all (or the launch failed before using it): the child is stopped and reaped."""
+        import signal
+
         if self._open:
             pid, self._open = self.pid, False
             os.close(self._read_end)

@@ -146,6 +146,23 @@ def read_cgroup_memory(
     return None, f"no cgroup memory controller found under {cgroup_root}"
 
 
+def cgroup_headroom(cgroup: CgroupMemory) -> tuple[int, str, int] | None:
+    """What the cgroup lets its processes add now: its tightest ceiling (the limit, or memory.high below it) less
+    what is charged, page cache the kernel may reclaim counted as free (the working set, as kubelet counts it);
+    with the ceiling's file and the reclaimable bytes. None: no ceiling."""
+    ceilings = []
+    if cgroup.max_bytes is not None:
+        ceilings.append((cgroup.max_bytes, "memory.max" if cgroup.version == 2 else "memory.limit_in_bytes"))
+    if cgroup.high_bytes is not None:  # above memory.high the kernel reclaims and throttles hard
+        ceilings.append((cgroup.high_bytes, "memory.high"))
+    if not ceilings:
+        return None
+    ceiling, file = min(ceilings)
+    used = cgroup.current_bytes or 0
+    reclaimable = min(cgroup.inactive_file_bytes or 0, used)
+    return max(ceiling - (used - reclaimable), 0), file, reclaimable
+
+
 def read_rlimit_as() -> int | None:
     """RLIMIT_AS (`ulimit -v`, systemd LimitAS=) of this process, which a child inherits; None = unlimited."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)

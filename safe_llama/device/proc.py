@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +73,8 @@ def run_capture(
 
 
 def _kill_group(pid: int) -> None:
+    import signal  # here: a plan whose probes are cached runs no helper
+
     # The group may already be gone; that is the outcome we wanted.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

@@ -63,6 +63,7 @@ class TargetDevice:
     warnings: tuple[str, ...] = ()
     listed: LlamaDevice | None = None  # llama.cpp's own line for it
     free_is_vendor: bool = False  # memory_free_bytes came from the vendor's interface now, not the listing
+    free_reading: FreeReading | None = None  # that reading (a launch record reads the same GPU's again)
     vulkan: VulkanLimits | None = None  # a Vulkan device's limits as ggml-vulkan computes them
 
 
@@ -389,5 +390,6 @@ def resolve_target(
         warnings=tuple(warnings),
         listed=choice.llama,
         free_is_vendor=reading is not None or budget is not None,
+        free_reading=reading,
         vulkan=vk_limits,
     )

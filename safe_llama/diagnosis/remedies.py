@@ -22,10 +22,11 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import DEFAULT_N_UBATCH, KvRequest, plan_kv
 from safe_llama.plan.allocation_words import describe, limit_words
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.memory import allocations
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Lessons, Probed, Target, target_policy
+from safe_llama.plan.target import Probed, Target, target_policy
 from safe_llama.units import human
 
 # The host budget planned against when the log names none: no limit; a share of the failed KV stands in.

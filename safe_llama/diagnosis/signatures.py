@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.target import Lessons
+from safe_llama.plan.lessons import Lessons
 
 Category = Literal["alloc", "context", "not_memory", "generic", "harmless"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
@@ -53,7 +53,7 @@ class Signature:
     pattern: re.Pattern[str]
     source: str = ""
     stage: Stage | None = None
-    teaches: str | None = None  # the plan.target.Lessons field its numbers go to (attempts/retry.py's LEARNERS)
+    teaches: str | None = None  # the plan.lessons.Lessons field its numbers go to (attempts/retry.py's LEARNERS)
 
 
 @dataclass(frozen=True)

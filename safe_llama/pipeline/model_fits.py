@@ -19,10 +19,11 @@ from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.paths import cache_dir, config_dir, configs_dir
 from safe_llama.pipeline.prepare import PlanOptions, probed_target
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Lessons, Target, target_policy
+from safe_llama.plan.target import Target, target_policy
 
 
 @dataclass(frozen=True)

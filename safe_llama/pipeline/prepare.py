@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
 from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
@@ -27,10 +26,10 @@ from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
 from safe_llama.paths import cache_dir, config_dir, configs_dir
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import (
-    Lessons,
     Target,
     remote_devices,
     target_from,
@@ -183,6 +182,8 @@ def _prepare(
     source = resolve(cmd, env)
     announce: tuple[str, ...] = ()
     if source is None:  # the bundled model: in a chat, what it needs for each reply to end
+        from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
+
         added, line = chat_options(tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml"))
         if line is not None:
             args, announce = [*args, *added], (line,)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from pathlib import Path
 from typing import Any
 
 from safe_llama.cmdline.llama_args import redact_argv, redact_env
@@ -85,9 +85,10 @@ def plan_text(result: dict[str, Any]) -> str:
 
 
 def decision_result(
-    target: Target, decided: Plan | None, argv: list[str], error: SafeLlamaError | None
+    target: Target, decided: Plan | None, argv: list[str], error: SafeLlamaError | None, keep_in: Path | None = None
 ) -> dict[str, Any]:
-    """The planner's decision, secrets redacted: steps, final argv and environment, allocations."""
+    """The planner's decision, secrets redacted: steps, final argv and environment, allocations. keep_in: the
+    cache folder that keeps configs/secrets.toml's parse (llama_args.secrets)."""
     out: dict[str, Any] = {
         "target": {
             "backend": target.backend,
@@ -116,8 +117,8 @@ def decision_result(
     out["decision"] = {
         "steps": [s.name for s in decided.steps],
         "reasons": [s.reason for s in decided.steps],
-        "argv": redact_argv(argv),
-        "env": redact_env(dict(decided.env_changes)),
+        "argv": redact_argv(argv, keep_in=keep_in),
+        "env": redact_env(dict(decided.env_changes), keep_in),
         "changed": sorted(decided.argv_changes),
         "notes": list(decided.notes),
     }
@@ -148,6 +149,8 @@ def bar(used: int, limit: int, width: int = 30) -> str:
 
 
 def decision_text(result: dict[str, Any]) -> list[str]:
+    import shlex  # here: the table for people; `plan --json` goes without it
+
     t = result["target"]
     where = t["device"] or ("GPU" if t["on_gpu"] else "host CPU")
     lines = [

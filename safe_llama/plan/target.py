@@ -17,6 +17,7 @@ from safe_llama.device.limits import DeviceProfile, Sourced
 from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.reservations import shared_device
 from safe_llama.device.target_device import TargetDevice
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.policy import ComputeCosts, Policy
 from safe_llama.units import human
 
@@ -86,23 +87,6 @@ class TargetPolicy:
     worker_overhead: int = 0  # policy: what an rpc-server keeps resident beside the buffers it holds
     pipeline_copies: int = 1  # policy: graph-input copies when layers are pipelined over several devices
     device_runtime: int = 0  # policy: what the backend's runtime takes on the device at start (its context)
-
-
-@dataclass(frozen=True)
-class Lessons:
-    """What failed starts taught: the one record of it, kept by the attempt loop (attempts/retry.py), remembered in
-    part (remembered/remember.py) and planned with here; the next plan stays under these."""
-
-    learned_max_alloc: int | None = None  # the device's largest single allocation, named by the device
-    kv_cap: int | None = None  # the next plan's KV must stay at or under this
-    # bytes the compute estimate missed at a failed size (a failed start named the compute buffers' size):
-    # added at every size, since one failure cannot tell a missed fixed part from a missed per-cell part
-    compute_extra: int = 0
-    # the policy's margin on host and device limits times this: 1 keeps it, 0 plans against the whole limit,
-    # -1 the top of the margin band (a retry's search under an exact limit starts there and steps down)
-    margin_scale: float = 1.0
-    device_cap: int | None = None  # the local GPU held less than this (its weights could not be allocated)
-    worker_caps: tuple[tuple[str, int], ...] = ()  # RPC workers that stopped during a start: (host:port, bytes)
 
 
 @dataclass(frozen=True)

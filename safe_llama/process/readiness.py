@@ -8,6 +8,7 @@ bytes: probes see copies of the output, and say only "ready".
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import socket
@@ -15,13 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from safe_llama.diagnosis.signatures import ESCAPES
 from safe_llama.process.relay import Stream
-
-if TYPE_CHECKING:
-    import http.client  # imported by the first health check: cli and completion never need it
 
 _LISTENING = re.compile(r"listening on https?://\S+:(\d+)")
 # llama-server's own word that /health now answers 200 (tools/server/server.cpp, right after is_ready):
@@ -31,6 +29,7 @@ _MODEL_LOADED = re.compile(r"srv +\w+: model loaded$", re.MULTILINE)
 # A server whose task loop cannot be asked (slots endpoint off, an API key) is taken as serving once it has
 # lived this long past `model loaded` (the task loop's thread is made within milliseconds of it).
 SERVE_SETTLE = 1.0
+ANSWER_LIMIT = 1 << 20  # bytes of a /health or /slots answer read before the connection is closed
 _LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - mapping, not binding
 
 
@@ -186,22 +185,25 @@ class HealthProbe:
     def poll_interval(self) -> float | None:
         return self.interval
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _https_status(self, path: str) -> int | None:
+        """GET path over TLS (llama-server with --ssl-key-file), through http.client and ssl."""
         import http.client
+        import ssl
 
-        if self.unix_socket is not None:
-            conn = http.client.HTTPConnection("localhost", timeout=self.timeout)
-            conn.sock = _unix_socket(self.unix_socket, self.timeout)  # a connection given its socket uses it
-            return conn
-        if self.https:
-            import ssl
-
-            # The server's own certificate, on this machine: only its answer matters, not its identity.
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=context)
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        # The server's own certificate, on this machine: only its answer matters, not its identity.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=context)
+        try:
+            conn.request("GET", path, headers={"Connection": "close"})
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
 
     def check(self) -> bool:
         """Serving: loaded, and the task loop answered (or the server outlived the settle time)."""
@@ -218,23 +220,45 @@ class HealthProbe:
         return self._status(self.path) == 200
 
     def _status(self, path: str) -> int | None:
-        import http.client
-
         if self.port == 0 and self.unix_socket is None:
             return None
+        if self.https:
+            return self._https_status(path)
         try:
-            conn = self._connection()
+            if self.unix_socket is not None:
+                sock, host = _unix_socket(self.unix_socket, self.timeout), "localhost"
+            else:
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+                host = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         except OSError:
             return None
-        try:
-            conn.request("GET", path, headers={"Connection": "close"})
-            response = conn.getresponse()
-            response.read()
-            return response.status
-        except (OSError, http.client.HTTPException):
-            return None
-        finally:
-            conn.close()
+        with sock:
+            try:
+                return http_status(sock, host, path)
+            except OSError:
+                return None
+
+
+def http_status(sock: socket.socket, host: str, path: str) -> int | None:
+    """The status code of `GET path` (HTTP/1.1, Connection: close) over a connected socket, the rest of the answer
+    then read and dropped (at most ANSWER_LIMIT bytes, within the socket's timeout); None when the answer is no
+    HTTP. All a readiness check asks, over plain HTTP: http.client would import the email package and ssl into
+    the supervisor (8 MiB of its memory while llama-server runs)."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode("ascii"))
+    head = b""
+    while b"\r\n" not in head and len(head) < 4096:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    words = head.split(b"\r\n", 1)[0].split(maxsplit=2)
+    if len(words) < 2 or not words[0].startswith(b"HTTP/1.") or not words[1].isdigit() or len(words[1]) != 3:
+        return None
+    read = len(head)
+    with contextlib.suppress(OSError):  # the status is known: a slow or endless rest changes nothing
+        while read < ANSWER_LIMIT and (chunk := sock.recv(65536)):
+            read += len(chunk)
+    return int(words[1])
 
 
 def server_probe(argv: Sequence[str], env: Mapping[str, str]) -> HealthProbe:

@@ -1,17 +1,21 @@
 """The early start: a launch whose plan is already known starts llama.cpp before the planner and the
 supervisor are imported, from a launch record (fast_record.py writes it when a launch becomes ready).
 
-A record is found by the launch's own words (which door, its argv with the values of secret options
-masked, the working directory) and used only while everything its plan was made from is as it was:
-safe-llama's own files, every file and directory the plan read (by identity: device, inode, size, mtime;
-/proc and /sys ones by content), every environment variable it read (by a salted digest of the value; a
-secret one, which no plan reads the value of, by whether it is set), and a host budget still at least what
-the plan needs (fast_record.py says why that rule is sound). The child then gets the recorded argv and
-environment changes, and the supervisor, once imported, adopts it (launch.adopted) as attempt 1.
+A record is found by the launch's own words (which door, its argv with the values of secret options masked, the
+working directory) and used only while everything its plan was made from is as it was: safe-llama's own files,
+every file and directory the plan read (by identity: device, inode, size, mtime; /proc and /sys ones by
+content), every environment variable it read (by a salted digest of the value; a secret one, which no plan reads
+the value of, by whether it is set), and a host budget still at least what the plan needs, and a cgroup's
+headroom too where one limits it (fast_record.py says why that rule is sound). A plan made for a GPU holds too
+while that GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it
+was (fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
+planned beside (other_launches). The child then gets the recorded argv and environment changes, and the
+supervisor, once imported, adopts it (launch.adopted) as attempt 1.
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
-sys, hashlib, constants and trust (marshal); fork_exec, with signal, only once a record is found: no subprocess,
-dataclasses, typing, pathlib, json, re) as it runs before anything else. Pipe mode only: a terminal on both
+sys, hashlib, constants and trust (marshal); vendor_free, with select, only for a GPU's record; fork_exec, with
+signal, only once a record is found: no subprocess, dataclasses, typing, pathlib, json, re, ctypes) as it runs
+before anything else. Pipe mode only: a terminal on both
 stdin and stdout takes the normal path (the pty).
 """
 
@@ -32,11 +36,12 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
 
     from safe_llama.process import fork_exec
 
-FORMAT = 1
+FORMAT = 2  # 2: a GPU's free memory (device) and the other launches (others)
 FOLDER = "launch"  # under the cache directory
-# /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable);
-# the cgroup's usage figures only count under a cgroup limit, and a plan made under one is never recorded
-VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes")
+# /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable, the
+# cgroup's headroom)
+# amdgpu's VRAM counter moves with every program's use: the device rule checks what it feeds (free memory)
+VOLATILE = ("/proc/meminfo", "memory.current", "memory.stat", "memory.usage_in_bytes", "mem_info_vram_used")
 # the largest answer a pseudo-file may give to be recorded by content
 CONTENT_LIMIT = 1 << 16
 
@@ -120,6 +125,45 @@ def address_space_unlimited() -> bool:
     return resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
 
 
+def cgroup_headroom() -> int | None:
+    """The headroom of this process's cgroup now, as the plan counts it (probe_host, imported only for a record
+    made under a cgroup limit); None: no cgroup limit."""
+    from safe_llama.device.probe_host import cgroup_headroom as headroom
+    from safe_llama.device.probe_host import read_cgroup_memory
+
+    cgroup, _ = read_cgroup_memory()
+    room = headroom(cgroup) if cgroup is not None else None
+    return room[0] if room is not None else None
+
+
+def other_launches(env: Mapping[str, str]) -> str:
+    """A fingerprint of the other launches planned on this machine (the ledger of the several-services issue):
+    what they hold is what a plan made beside them left out. Empty while there is no ledger: the one place
+    that reads it (fast_record.build stores it, still_valid checks it through others_unchanged). Each other
+    launch by its pid, start time and device; while one of them is still planning or loading, a mark that matches
+    no record (what it will hold is not settled: plan beside it instead)."""
+    from safe_llama.device import ledger
+    from safe_llama.device.reservations import READY
+
+    others = ledger.read_all(env, but=os.getpid())
+    if any(launch.state != READY for launch in others):
+        return f"unsettled {os.getpid()} {os.times().elapsed}"
+    return "|".join(sorted(f"{launch.pid}:{launch.start}:{launch.device}" for launch in others))
+
+
+def others_unchanged(record: Mapping[str, Any], others: str) -> bool:
+    """The record was planned beside the same other launches as the fingerprint `others` says run now: nothing
+    new in the ledger (a service started or stopped since changes what the plan may take)."""
+    return record.get("others") == others
+
+
+def device_free(device: Sequence[Any]) -> int | None:
+    """The free memory now of the GPU a record's device rule names (source, key, ...): one vendor reading."""
+    from safe_llama.device.vendor_free import free_now
+
+    return free_now(str(device[0]), str(device[1]))
+
+
 def load(path: str) -> dict[str, Any] | None:
     """The record at path, when this user wrote it in a trusted folder and no one else can write it (code is not
     run from it, but what it says is launched), and it has a record's shape: None otherwise (a record of a wrong
@@ -157,7 +201,20 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
                 return False
             if not address_space_unlimited():
                 return False
-    except (KeyError, TypeError, ValueError):
+        cgroup = record["cgroup"]
+        if cgroup is not None:
+            room = cgroup_headroom()
+            if room is None or room < int(cgroup):
+                return False
+        if not others_unchanged(record, other_launches(env)):
+            return False
+        device = record["device"]
+        if device is not None:  # last: the one check that asks a driver
+            free_then, margin = int(device[2]), int(device[3])
+            free = device_free(device)
+            if free is None or abs(free - free_then) > margin:
+                return False
+    except (KeyError, TypeError, ValueError, IndexError):
         return False
     return True
 

@@ -11,15 +11,16 @@ and safe-llama's own files. No record when the window saw something it cannot ho
 environment read, a stray line on stderr, a remembered plan that capped this one, a secret in what
 would be stored, RPC workers (their devices come from the network, listed on every launch).
 
-The host budget is the one input that changes on every launch (MemAvailable). Sound rule: a record is
-stored only when the host's sole limit is RAM (no cgroup limit, no RLIMIT_AS: those size a plan by a
-figure that moves with usage) or a declared budget, and when planning under an unlimited budget gives the
-same plan: the planner takes the first of its candidate settings, in a fixed order, whose allocations
-fit, and a larger budget never makes an allocation stop fitting, so every earlier candidate fits under
-no budget at all and this plan is chosen under every budget where its own allocations fit. The least such
-budget is found by planning again (a binary search on the same function), and the record is valid while
-MemAvailable is at least that (and MemTotal as it was). A plan sized by the budget (a context cut to fit)
-differs under an unlimited one and is never recorded.
+The host budget is the one input that changes on every launch (MemAvailable, a cgroup's headroom). Sound rule: a
+record is stored only when the host's limits are RAM and a cgroup's headroom (no RLIMIT_AS) or a declared
+budget, and when planning under no limit gives the same plan: the planner takes the first of its candidate
+settings, in a fixed order, whose allocations fit, and a larger budget never makes an allocation stop fitting,
+so every earlier candidate fits under no budget at all and this plan is chosen under every budget where its own
+allocations fit. The least such budget of each limit is found by planning again (a binary search on the same
+function), and the record is valid while MemAvailable and the cgroup's headroom are at least those (and MemTotal
+as it was). A plan sized by the budget (a context cut to fit) differs under an unlimited one and is never
+recorded. A GPU's free memory moves the same way, and a plan is often cut to fit it: its record holds while a
+vendor reading of that GPU stays within the plan's margin of the figure planned with (device_rule).
 
 Secrets: the argv is stored as positions in the user's own words plus the plan's literals; a literal,
 an environment change or a line holding a secret option's value stops the record. Environment values
@@ -32,6 +33,7 @@ Owns the record's contents; the window is record_window.py's, the reading side a
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.constants import TOOLS, cache_root
+from safe_llama.device import ledger
+from safe_llama.paths import cache_dir
 from safe_llama.remembered import early
 from safe_llama.remembered.record_window import Recorder, pseudo
 
@@ -80,6 +84,9 @@ def _stat_inputs(binary: Path, user_args: Sequence[str], env: Mapping[str, str])
     return out
 
 
+_PROCESS_FILE = re.compile(r"/proc/[0-9]+(/|$)")  # one process's files: a launch's own pid differs every start
+
+
 def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tuple[list[Any], list[Any]]:
     """(files by identity, /proc, /sys, /dev files and listed folders by content)."""
     files: dict[str, Any] = {}
@@ -87,12 +94,15 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
     # a file that changed between the plan and now (but the remembered plan, stored at readiness just before)
     # may not have been read as the record would say
     remembered = os.path.join(cache_root(recorder.raw), "plans")
+    ledgers = tuple(str(folder) for folder in ledger.folders(recorder.raw))
     for path, ident in recorder.at_close.items():
-        if early.identity(path) != ident and not path.startswith(remembered + os.sep):
+        if early.identity(path) != ident and not path.startswith((remembered + os.sep, *ledgers)):
             raise _Unstable(path)
     for event, path in recorder.opened:
         if path.endswith((".py", ".pyc")):
             continue  # modules: safe-llama's own are in _own_files, the interpreter is in the key
+        if path.startswith(ledgers) or _PROCESS_FILE.match(path):
+            continue  # the other launches (their entries, their processes): early.other_launches holds them
         if event != "open" or pseudo(path):
             if path in early.VOLATILE or os.path.basename(path) in early.VOLATILE:
                 continue  # the host rule checks what these feed
@@ -104,28 +114,33 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
     return sorted(files.items()), sorted(contents.items())
 
 
-def _secret_values(tool: str, user_args: Sequence[str]) -> list[str]:
+def _secret_values(tool: str, user_args: Sequence[str], keep_in: Path) -> list[str]:
     """The values of the secret options in the user's words (`--api-key K`, `--api-key=K`)."""
     from safe_llama.cmdline.llama_args import REDACTED, redact_argv
 
     out: list[str] = []
-    for word, shown in zip(user_args, redact_argv(user_args, tool), strict=True):
+    for word, shown in zip(user_args, redact_argv(user_args, tool, keep_in), strict=True):
         if word != shown:
             secret = word.partition("=")[2] if shown.endswith(f"={REDACTED}") else word
             out += [secret] if secret else []
     return out
 
 
-def _secret_names(names: set[str]) -> set[str]:
+def _secret_names(names: set[str], keep_in: Path) -> set[str]:
     """The variables configs/secrets.toml names (an API key, a token): a plan reads whether they are set, never
     their value (it is the server's, or the download's), so the record holds only that. A name that only
     contains one of its fragments (LLAMA_ARG_IMAGE_MAX_TOKENS) may be a planner input: held by digest."""
     from safe_llama.cmdline.llama_args import secrets
 
-    return names & secrets().env
+    return names & secrets(keep_in=keep_in).env
+
+
+UNLIMITED = 1 << 62
 
 
 def _same_plan(a: Prepared, b: Prepared) -> bool:
+    """The same launch (argv, environment) by the same steps; their reasons may quote the budget (a cgroup's
+    leftover) and are said again as recorded."""
     from safe_llama.pipeline.prepare import final_argv
 
     if a.plan is None or b.plan is None:
@@ -133,48 +148,87 @@ def _same_plan(a: Prepared, b: Prepared) -> bool:
     return (
         final_argv(a) == final_argv(b)
         and dict(a.plan.env_changes) == dict(b.plan.env_changes)
-        and [s.reason for s in a.plan.steps] == [s.reason for s in b.plan.steps]
+        and [s.name for s in a.plan.steps] == [s.name for s in b.plan.steps]
     )
 
 
-def _under_ram(prepared: Prepared, value: int) -> Prepared:
+def _under(prepared: Prepared, kind: str | None, value: int) -> Prepared:
+    """prepared with its host limit of this kind at value and every other unlimited (kind None: all of them)."""
     from safe_llama.device.host_budget import HostLimit
 
-    budget = replace(prepared.target.host_budget, value=value)
-    target = replace(prepared.target, host_budget=budget, host_limits=(HostLimit("ram", budget),))
-    return replace(prepared, target=target)
+    limits = tuple(
+        HostLimit(limit.kind, replace(limit.budget, value=value if limit.kind == kind else UNLIMITED))
+        for limit in prepared.target.limits_on_host
+    )
+    budget = replace(prepared.target.host_budget, value=min(limit.budget.value for limit in limits))
+    return replace(prepared, target=replace(prepared.target, host_budget=budget, host_limits=limits))
 
 
-def least_budget(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> int | None:
-    """The least RAM budget under which planning gives this same plan, when an unlimited one does too (the
-    plan was not sized by the budget); None otherwise. Under that condition the plan is chosen exactly where
-    its own allocations fit (see the module's docstring), so the search asks memory.allocations alone."""
+def least_budgets(prepared: Prepared, options: PlanOptions, env: Mapping[str, str]) -> dict[str, int] | None:
+    """For each host limit (RAM, a cgroup's headroom), the least budget under which planning gives this same
+    plan, when planning under no limit gives it too (the plan was not sized by a budget); None otherwise.
+    Under that condition the plan is chosen exactly where its own allocations fit (see the module's
+    docstring), and each limit is checked by allocations of its own kind, so each threshold is searched with
+    the others unlimited: RAM's by memory.allocations alone; a cgroup's by planning again, as its leftover
+    also sizes llama-server's prompt cache and checkpoints (plan/serving.py), which are the same once it
+    leaves room for llama.cpp's defaults."""
     from safe_llama.paths import cache_dir, config_dir, configs_dir
     from safe_llama.pipeline.prepare import replan
     from safe_llama.plan.memory import allocations
     from safe_llama.plan.policy import load_policy
 
     limits = prepared.target.limits_on_host
-    if prepared.plan is None or len(limits) != 1 or limits[0].kind != "ram":
+    kinds = [limit.kind for limit in limits]
+    if prepared.plan is None or not set(kinds) <= {"ram", "cgroup"} or len(set(kinds)) != len(kinds):
         return None
-    if not _same_plan(replan(_under_ram(prepared, 1 << 62), options, prepared.target.lessons, env), prepared):
+    if not _same_plan(replan(_under(prepared, None, 0), options, prepared.target.lessons, env), prepared):
         return None
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     settings = prepared.plan.settings
 
-    def fits(budget: int) -> bool:
-        return all(a.fits for a in allocations(prepared.facts, settings, _under_ram(prepared, budget).target, policy))
+    def fits(kind: str, budget: int) -> bool:
+        under = _under(prepared, kind, budget)
+        if kind == "cgroup":
+            return _same_plan(replan(under, options, prepared.target.lessons, env), prepared)
+        return all(a.fits for a in allocations(prepared.facts, settings, under.target, policy))
 
-    low, high = 0, limits[0].budget.value  # nothing fits in no memory; the plan fits in this budget
-    if fits(low) or not fits(high):
+    out = {}
+    for limit in limits:
+        low, high = 0, limit.budget.value  # nothing fits in no memory; the plan fits in this budget
+        if fits(limit.kind, low) or not fits(limit.kind, high):
+            return None
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(limit.kind, middle):
+                high = middle
+            else:
+                low = middle
+        out[limit.kind] = high
+    return out
+
+
+def device_rule(prepared: Prepared, env: Mapping[str, str]) -> tuple[str, str, int, int] | None:
+    """A GPU plan's rule: (the vendor reading's source, the GPU's key, its free bytes the plan was made with,
+    the plan's margin in bytes); None when the free figure is no vendor reading (llama.cpp's own listing: only
+    a run of llama.cpp reads it again). The early start reads the same GPU again and uses the record while
+    what is free is within the margin of what it was. Sound: the plan kept that margin of the device free
+    beyond every allocation it counted, so with up to the margin less free its allocations still fit (the
+    slack the policy keeps for what the estimate does not see is what is spent), and with up to the margin
+    more free a plan cut to fit would have been at most a margin's worth larger. A start that still fails for
+    memory drops the record, and the next launch plans (launch.adopted)."""
+    from safe_llama.paths import cache_dir, config_dir, configs_dir
+    from safe_llama.plan.policy import load_policy
+
+    reading = prepared.device.free_reading if prepared.device is not None else None
+    free, budget = prepared.target.device_free, prepared.target.device_budget
+    if reading is None or free is None or budget is None or prepared.target.device_free_listed:
         return None
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    key = reading.uuid if reading.source == "nvml" else reading.pci_bdf
+    if not key:
+        return None
+    policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
+    fraction = policy.per_backend(policy.memory_margin_fraction, prepared.target.backend)
+    return (reading.source, key, free.value, int(budget.value * fraction))
 
 
 def build(
@@ -195,27 +249,31 @@ def build(
         return None
     if prepared.target.remote:  # RPC workers: their devices, memory and presence come from the network
         return None
+    device = None
     if prepared.target.device_free is not None:  # a GPU's free memory moves with every other program's use
-        return None
+        device = device_rule(prepared, recorder.raw)
+        if device is None:
+            return None
     env = recorder.raw
     extra = dict(prepared.plan.env_changes)
     template: list[int | str] = []
     for word in argv:
         template.append(door_args.index(word) if word in door_args else word)
-    secrets = _secret_values(tool, user_args)
+    secrets = _secret_values(tool, user_args, cache_dir(env))
     stored = [w for w in template if isinstance(w, str)] + [*extra.keys(), *extra.values()]
     stored += [line for line, _ in recorder.said] + [status]
     if any(secret in text for secret in secrets for text in stored):
         return None
     limits = prepared.target.limits_on_host
     host: tuple[int, int] | None = None
+    cgroup: int | None = None
     if not (len(limits) == 1 and limits[0].budget.source == "declared"):
-        least = least_budget(prepared, options, env)
+        least = least_budgets(prepared, options, env)
         memory = early.meminfo()
-        if least is None or memory is None or not early.address_space_unlimited():
+        if least is None or "ram" not in least or memory is None or not early.address_space_unlimited():
             return None
-        host = (memory[0], least)
-    hidden = _secret_names(recorder.names)
+        host, cgroup = (memory[0], least["ram"]), least.get("cgroup")
+    hidden = _secret_names(recorder.names, cache_dir(env))
     salt = os.urandom(16)
     try:
         files, contents = _validity(recorder, _stat_inputs(prepared.binary, user_args, env), salt)
@@ -236,7 +294,10 @@ def build(
         "env_present": sorted((name, name in env) for name in recorder.names if name in hidden),
         "env_prefixes": sorted((p, early.prefixed_digest(env, p, salt)) for p in recorder.prefix_scans),
         "host": host,
+        "cgroup": cgroup,
         "counters": oom_counter_sources(),
+        "device": device,
+        "others": early.other_launches(env),
     }
 
 
@@ -244,7 +305,7 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
     """Write the record (0600 in a 0700 folder, atomically); an unwritable cache only means no early start."""
     import marshal
 
-    hidden = secret_options()
+    hidden = secret_options(cache_dir(env))
     path = Path(early.record_path(env, early.key(door, door_args, os.getcwd(), hidden)))
     try:
         if early.secret_options(env) != hidden:
@@ -254,11 +315,11 @@ def store(record: Mapping[str, Any], door: str, door_args: Sequence[str], env: M
         return
 
 
-def secret_options() -> frozenset[str]:
+def secret_options(keep_in: Path | None = None) -> frozenset[str]:
     """Every spelling of a secret option, for any tool (the record's name masks their values: early.key)."""
     from safe_llama.cmdline.llama_args import secrets
 
-    return frozenset().union(*(secrets(tool).options for tool in TOOLS))
+    return frozenset().union(*(secrets(tool, keep_in=keep_in).options for tool in TOOLS))
 
 
 def drop(path: str) -> None:

@@ -15,7 +15,7 @@ from safe_llama.diagnosis.signatures import Failure
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.pipeline.options import launch_options
 from safe_llama.pipeline.prepare import Prepared, prepare, replan
-from safe_llama.plan.target import Lessons
+from safe_llama.plan.lessons import Lessons
 from safe_llama.process.startup import Outcome
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 

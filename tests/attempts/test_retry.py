@@ -14,7 +14,7 @@ from safe_llama.attempts.retry import KEEP_MARGIN, MARGIN_BAND, STEP, Attempt, L
 from safe_llama.diagnosis.signatures import LESSON_FIELDS, Failure, classify, load_table, scan_text
 from safe_llama.pipeline.options import launch_options
 from safe_llama.pipeline.prepare import Prepared, prepare
-from safe_llama.plan.target import Lessons
+from safe_llama.plan.lessons import Lessons
 from tests import FIXTURES
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 

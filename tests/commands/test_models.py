@@ -28,8 +28,9 @@ from safe_llama.pipeline.model_fits import Place, asked
 from safe_llama.pipeline.model_index import read_all
 from safe_llama.pipeline.model_scan import Found
 from safe_llama.pipeline.prepare import PlanOptions
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Lessons, Target, target_from, target_policy
+from safe_llama.plan.target import Target, target_from, target_policy
 from safe_llama.units import human
 from tests import FIXTURES
 from tests.tiny_gguf import write_tiny_gguf

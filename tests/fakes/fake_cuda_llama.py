@@ -127,6 +127,11 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **handle) {
     *handle = (void *)0x1;
     return 0;
 }
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **handle) {
+    if (strcmp(uuid, "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b") != 0) return 6; /* NVML_ERROR_NOT_FOUND */
+    *handle = (void *)0x1;
+    return 0;
+}
 int nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
     (void)handle;
     unsigned long long free = IDLE_FREE;

@@ -20,8 +20,9 @@ from safe_llama.model.kv import ctx_unit
 from safe_llama.paths import packaged_configs
 from safe_llama.pipeline.model_fits import Place, asked, places, verdict
 from safe_llama.pipeline.prepare import PlanOptions
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Lessons, Probed, Target, target_policy
+from safe_llama.plan.target import Probed, Target, target_policy
 from tests.arch_corpus import clean_env, generate_corpus
 from tests.tiny_gguf import write_tiny_gguf
 

@@ -35,7 +35,7 @@ from safe_llama.pipeline.prepare import (
     prepare,
     replan,
 )
-from safe_llama.plan.target import Lessons
+from safe_llama.plan.lessons import Lessons
 from tests.tiny_gguf import write_tiny_gguf
 
 GIB = 1 << 30

@@ -21,10 +21,11 @@ from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import load_model_facts
 from safe_llama.paths import packaged_configs
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import Policy, load_policy
-from safe_llama.plan.target import Lessons, Target
+from safe_llama.plan.target import Target
 from tests import FIXTURES as TEST_FIXTURES
 from tests.tiny_gguf import write_tiny_gguf
 

@@ -7,9 +7,9 @@ import pytest
 
 from safe_llama.device.limits import Sourced
 from safe_llama.paths import packaged_configs
+from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import (
-    Lessons,
     Probed,
     RemoteDevice,
     Target,

@@ -195,3 +195,51 @@ def test_real_cli_in_a_terminal_ready_at_its_prompt(
     outcome = json.loads(out.read_text())
     assert outcome["used_pty"] is True and outcome["ready"] is True
     assert outcome["exit_code"] == 0 == term.exitstatus and outcome["tty_restored"] is True
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"),
+    [
+        pytest.param(b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}', 200, id="health"),
+        pytest.param(b"HTTP/1.1 503 Service Unavailable\r\n\r\n" + b"x" * 300_000, 503, id="a-long-body"),
+        pytest.param(b"HTTP/1.0 404 Not Found\r\n\r\n", 404, id="http-1.0"),
+        pytest.param(b"SSH-2.0-OpenSSH_9.2\r\n", None, id="not-http"),
+        pytest.param(b"", None, id="closed-at-once"),
+    ],
+)
+def test_http_status_reads_the_status_line(answer: bytes, status: int | None) -> None:
+    """The one request a readiness check sends, answered over a socket pair (the other end plays the server)."""
+    import socket
+    import threading
+
+    from safe_llama.process.readiness import http_status
+
+    ours, theirs = socket.socketpair()
+    asked: list[bytes] = []
+
+    def serve() -> None:
+        with theirs:
+            asked.append(theirs.recv(4096))
+            theirs.sendall(answer)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    with ours:
+        ours.settimeout(5)
+        assert http_status(ours, "127.0.0.1:8080", "/health") == status
+    server.join()
+    assert asked == [b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nConnection: close\r\n\r\n"]
+
+
+def test_http_status_does_not_wait_for_a_rest_that_never_ends() -> None:
+    """A server that keeps the connection open after its status line: the status counts once the socket's
+    timeout ends the read of the rest."""
+    import socket
+
+    from safe_llama.process.readiness import http_status
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        ours.settimeout(0.05)
+        assert http_status(ours, "localhost", "/slots") == 200

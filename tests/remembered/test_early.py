@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from safe_llama.constants import GUARD_ENV
 from safe_llama.remembered import early
 from tests import ROOT
+from tests.llama_run import free_port, healthy
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
 
 SHIM = """#!{python}
@@ -261,3 +264,62 @@ def test_output_written_before_the_supervisor_is_imported_is_relayed_whole_and_i
     assert flood == [f"err {n}" for n in range(count)]
     assert out.splitlines()[:count] == [f"out {n}" for n in range(count)]
     assert lines.index(_ours(err)[0]) < lines.index("err 0")  # safe-llama's lines first, as before a spawn
+
+
+def _serve_until_ready(args: list[str], env: dict[str, str]) -> tuple[bool, str]:
+    """`safe-llama server ARGS` (its --port among them, the same each time: the record is keyed on the words)
+    until /health answers 200 or it exits, then SIGTERM: (ready, stderr)."""
+    port = int(args[args.index("--port") + 1])
+    proc = subprocess.Popen([sys.executable, "-m", "safe_llama", "server", *args], env=env, cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    ready = False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not ready:
+            ready = healthy(port)
+            time.sleep(0.05)
+        before, settle = {p: p.stat().st_mtime_ns for p in _records(env)}, time.monotonic() + 5
+        while {p: p.stat().st_mtime_ns for p in _records(env)} == before and time.monotonic() < settle:
+            time.sleep(0.05)  # safe-llama's own readiness check, then its record (none when it started early)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return ready, err.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_gpu_launch_starts_early_while_its_free_memory_is_within_the_margin(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """On the fake H200 (tests/fakes/fake_cuda_llama.py: its llama-server and NVML, no NVIDIA GPU here): the first
+    `server -c 2000000 -ngl 99` plans to what NVML says is free and records it; the second starts from the record
+    (its record not rewritten, the same argv); with 8 GiB less free (beyond the plan's 2%) the third plans again."""
+    from tests.attempts.test_shared_gpu_retry import _machine
+    from tests.fakes.fake_cuda_llama import build_nvml
+    from tests.tiny_gguf import write_tiny_gguf
+
+    big = write_tiny_gguf(tmp_path / "big.gguf", n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64,
+                          n_ctx_train=2_000_000, sparse=True)  # fmt: skip
+    gpu = _machine(tmp_path, clean_env, build_nvml(tmp_path / "nvml").parent)
+    gpu.free_file.write_text("60610")
+    args = ["-m", str(big), "-c", "2000000", "-ngl", "99", "--port", str(free_port())]
+
+    def serve() -> tuple[list[str], dict[str, int]]:
+        ready, err = _serve_until_ready(args, gpu.env)
+        assert ready, err
+        records = {p.name: p.stat().st_mtime_ns for p in _records(gpu.env)}
+        return gpu.starts()[-1], records
+
+    first, recorded = serve()
+    assert len(recorded) == 1
+    record = early.load(str(_records(gpu.env)[0]))
+    assert record is not None
+    assert list(record["device"][:3]) == ["nvml", "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b", 60610 << 20]
+    second, again = serve()
+    assert second == first and again == recorded  # from the record: not planned, not rewritten
+    gpu.free_file.write_text(str(60610 - 8192))
+    third, replanned = serve()
+    assert replanned != recorded and third != first  # planned again, to less memory

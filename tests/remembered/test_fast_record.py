@@ -266,8 +266,8 @@ def test_the_least_budget_is_the_planner_s_own_threshold(setup: Setup) -> None:
     least = setup.record()["host"][1]
     options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
     prepared = prepare("completion", setup.args, os.environ, options)
-    at_least = replan(fast_record._under_ram(prepared, least), options, prepared.target.lessons, os.environ)
-    below = replan(fast_record._under_ram(prepared, least - 1), options, prepared.target.lessons, os.environ)
+    at_least = replan(fast_record._under(prepared, "ram", least), options, prepared.target.lessons, os.environ)
+    below = replan(fast_record._under(prepared, "ram", least - 1), options, prepared.target.lessons, os.environ)
     assert final_argv(at_least) == final_argv(prepared)
     assert below.plan is None or final_argv(below) != final_argv(prepared)
 
@@ -377,3 +377,118 @@ def test_a_record_s_name_masks_secret_values() -> None:
     assert early.key("safe-llama", ["server", "--api-key", "k1"], "/") != early.key(
         "safe-llama", ["server", "--api-key", "k2"], "/"
     )
+
+
+def _on_a_gpu(setup: Setup, free: int) -> Any:
+    """This launch's real plan, as if its device were a GPU read through NVML with `free` bytes free (a stand-in:
+    no GPU here; the rule's arithmetic and the record's check are what is tested)."""
+    from dataclasses import replace
+
+    from safe_llama.cmdline import launch_args
+    from safe_llama.device.limits import Sourced
+    from safe_llama.device.probe_free import FreeReading
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import prepare
+
+    options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
+    prepared = prepare("completion", setup.args, os.environ, options)
+    assert prepared.device is not None
+    reading = FreeReading("nvml", 0, "NVIDIA H200", "0000:00:06.0", "GPU-1234", 150_000_000_000, free)
+    target = replace(
+        prepared.target,
+        backend="cuda",
+        device_memory=Sourced(150_000_000_000, "probed", "NVML"),
+        device_free=Sourced(free, "probed", "free now (nvml)"),
+    )
+    return replace(prepared, target=target, device=replace(prepared.device, free_reading=reading))
+
+
+def test_a_gpu_plan_s_rule_is_its_vendor_reading_within_the_plan_s_margin(setup: Setup) -> None:
+    """The margin is the policy's fraction (configs/planner.toml, cuda) of what the plan could use there."""
+    from safe_llama.paths import config_dir, configs_dir
+    from safe_llama.plan.policy import load_policy
+
+    prepared = _on_a_gpu(setup, 60 << 30)
+    rule = fast_record.device_rule(prepared, os.environ)
+    policy = load_policy(configs_dir(os.environ) / "planner.toml", config_dir(os.environ) / "config.toml")
+    fraction = policy.per_backend(policy.memory_margin_fraction, "cuda")
+    budget = prepared.target.device_budget
+    assert budget is not None and budget.value <= 60 << 30
+    assert rule == ("nvml", "GPU-1234", 60 << 30, int(budget.value * fraction))
+    assert rule is not None and rule[3] > 0
+
+
+def test_a_gpu_free_figure_that_is_no_vendor_reading_is_not_recorded(setup: Setup) -> None:
+    from dataclasses import replace
+
+    prepared = _on_a_gpu(setup, 60 << 30)
+    assert prepared.device is not None
+    assert fast_record.device_rule(replace(prepared, device=replace(prepared.device, free_reading=None)), {}) is None
+
+
+def test_a_gpu_record_holds_while_its_free_memory_is_within_the_margin(setup: Setup) -> None:
+    """A real record with a GPU rule put in (the early start reads the GPU through device_free)."""
+    setup.launch()
+    record = setup.record()
+    record["device"] = ("nvml", "GPU-1234", 60 << 30, 1 << 30)
+    for free, valid in [(60 << 30, True), ((60 << 30) - (1 << 30), True), ((61 << 30) + 1, False),
+                        ((59 << 30) - 1, False), (None, False)]:  # fmt: skip
+        setup.monkeypatch.setattr(early, "device_free", lambda device, free=free: free)
+        assert early.still_valid(record, os.environ) is valid, free
+
+
+def test_a_record_holds_only_beside_the_launches_it_was_planned_beside(setup: Setup) -> None:
+    setup.launch()
+    record = setup.record()
+    assert record["others"] == "" and record["device"] is None and early.still_valid(record, os.environ)
+    setup.monkeypatch.setattr(early, "other_launches", lambda env: "a server started since")
+    assert not early.still_valid(record, os.environ)
+    assert early.others_unchanged(record, "") and not early.others_unchanged(record, "a server started since")
+
+
+def test_a_cgroup_s_headroom_is_held_as_ram_is(setup: Setup) -> None:
+    """A plan made under a cgroup limit (a stand-in: no cgroup limits this machine) is recorded with the least
+    headroom that gives it, and holds while the cgroup's headroom is at least that."""
+    from safe_llama.device import probe_host
+
+    usage = [1 << 30]
+
+    def cgroup(**_: Any) -> tuple[probe_host.CgroupMemory, str]:
+        return probe_host.CgroupMemory(2, "/fake", 64 << 30, usage[0], 0, "/fake"), "a stand-in cgroup v2"
+
+    setup.monkeypatch.setattr(probe_host, "read_cgroup_memory", cgroup)
+    assert setup.launch() == 0
+    least = setup.record()["cgroup"]
+    assert isinstance(least, int) and 0 < least < 63 << 30
+    assert setup.valid()
+    usage[0] = (64 << 30) - least
+    assert setup.valid()
+    usage[0] += 1
+    assert not setup.valid()
+
+
+def test_a_server_under_a_cgroup_is_recorded_where_its_serving_sizes_are_llama_cpp_s(
+    setup: Setup, llama_bin: Path
+) -> None:
+    """llama-server's prompt cache is sized to what the cgroup leaves (plan/serving.py): the least headroom is
+    where it is llama.cpp's default again; a byte less changes the launch (a stand-in cgroup, as above)."""
+    from safe_llama.cmdline import launch_args
+    from safe_llama.device import probe_host
+    from safe_llama.pipeline.options import launch_options
+    from safe_llama.pipeline.prepare import final_argv, prepare, replan
+
+    def cgroup(**_: Any) -> tuple[probe_host.CgroupMemory, str]:
+        return probe_host.CgroupMemory(2, "/fake", 64 << 30, 1 << 30, 0, "/fake"), "a stand-in cgroup v2"
+
+    setup.monkeypatch.setattr(probe_host, "read_cgroup_memory", cgroup)
+    shutil.copy2(llama_bin / "llama-server", setup.bin / "llama-server")
+    options = launch_options(*launch_args.resolve_sourced({}, os.environ)).plan
+    prepared = prepare("server", ["-m", str(setup.model), "-c", "4096"], os.environ, options)
+    assert prepared.plan is not None and "serving" in [step.name for step in prepared.plan.steps]
+    least = fast_record.least_budgets(prepared, options, os.environ)
+    assert least is not None and set(least) == {"ram", "cgroup"}
+    at = replan(fast_record._under(prepared, "cgroup", least["cgroup"]), options, prepared.target.lessons, os.environ)
+    below = replan(
+        fast_record._under(prepared, "cgroup", least["cgroup"] - 1), options, prepared.target.lessons, os.environ
+    )
+    assert final_argv(at) == final_argv(prepared) != final_argv(below)
