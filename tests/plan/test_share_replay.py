@@ -127,5 +127,7 @@ def test_the_recorded_h200_run() -> None:
     third = rows["third-beside-two"]
     assert third["third"]["ready"] and third["third"]["first_spawn"]
     notes = third["plan"]["notes"]
-    assert sum(" held by safe-llama server pid " in note for note in notes) == 2
+    # each of the two running launches is listed on the GPU and on the host
+    for place in ("CUDA0: ", "host: "):
+        assert sum(note.startswith(place) and " held by safe-llama server pid " in note for note in notes) == 2
     assert os.path.basename(str(third["plan"]["model"]["path"])) == "big.gguf"
