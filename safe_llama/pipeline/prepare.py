@@ -104,8 +104,11 @@ def _file_size(path: str | None) -> int:
         return 0
 
 
-def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str]) -> tuple[Layout, tuple[str, ...]]:
-    """The request's layout with the files it names read (draft facts, projector size)."""
+def layout_for(
+    req: Request, source: ModelSource | None, env: Mapping[str, str], *, remote_mmproj_bytes: int = 0
+) -> tuple[Layout, tuple[str, ...]]:
+    """The request's layout with the files it names read (draft facts, projector size); remote_mmproj_bytes:
+    the projector llama.cpp downloads beside a model not downloaded yet (its size from the repository's list)."""
     notes: list[str] = []
     draft = None
     if req.draft is not None:
@@ -118,7 +121,8 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
         if draft_path:
             draft = Draft(facts=facts_for(draft_path, env), options=req.draft.options)
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
-    return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
+    mmproj_bytes = _file_size(mmproj) if mmproj else remote_mmproj_bytes
+    return replace(req.layout, mmproj_bytes=mmproj_bytes, draft=draft), tuple(notes)
 
 
 def key_warnings(cmd: CommandLine) -> tuple[str, ...]:
@@ -181,9 +185,17 @@ def _prepare(
             cmd = parse(tool, args, env)
     announce += key_warnings(cmd)
     req = to_request(cmd)
-    path = model_path_for(source, env)
-    facts = facts_for(path, env)
-    layout, notes = layout_for(req, source, env)
+    remote_mmproj = 0
+    if source is not None and not source.on_disk:  # its header, read where llama.cpp downloads it from
+        from safe_llama.pipeline.remote_header import read_remote
+
+        remote = read_remote(source, cmd, env)
+        path, facts, remote_mmproj = remote.url, remote.facts, remote.mmproj_bytes
+        announce = (remote.line(source.spec), *announce)
+    else:
+        path = model_path_for(source, env)
+        facts = facts_for(path, env)
+    layout, notes = layout_for(req, source, env, remote_mmproj_bytes=remote_mmproj)
     try:
         binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
     except SafeLlamaError:

@@ -120,7 +120,8 @@ def test_plan_on_an_hf_model_in_the_cache(tmp_path: Path, clean_env: dict[str, s
 
 
 def test_plan_on_an_hf_model_not_downloaded(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    env = {**clean_env, "HF_HUB_CACHE": str(tmp_path / "empty"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {**clean_env, "HF_HUB_CACHE": str(tmp_path / "empty"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "MODEL_ENDPOINT": "http://127.0.0.1:9"}  # fmt: skip (the discard port: its header cannot be read)
     result = _plan(["-hf", "ggml-org/gemma-3-1b-it-GGUF", "-c", "8192"], env)
     assert result["model"] == {  # never the bundled model
         "path": None,
