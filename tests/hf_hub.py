@@ -77,7 +77,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
         def _note(self, sent: int) -> None:
@@ -152,10 +152,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 return self._file(hub.repos[resolve[1]][resolve[3]], head)
             return self._missing()
 
-        def do_GET(self) -> None:  # noqa: N802 (the base class's name)
+        def do_GET(self) -> None:
             self._answer(head=False)
 
-        def do_HEAD(self) -> None:  # noqa: N802 (the base class's name)
+        def do_HEAD(self) -> None:
             self._answer(head=True)
 
     return Handler
@@ -172,7 +172,7 @@ def serving(folder: Path, repos: dict[str, dict[str, Path]]) -> Iterator[Hub]:
     context.load_cert_chain(hub.cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     hub.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # a quick shutdown
     thread.start()
     try:
         yield hub

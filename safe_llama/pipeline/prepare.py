@@ -19,7 +19,7 @@ from safe_llama.cmdline.request import Request, to_request
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.target_device import TargetDevice
-from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
@@ -84,13 +84,10 @@ class Prepared:
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
-    """The file to plan on: the source's, never the bundled model when a source is given."""
+    """The file to plan on: the source's (on disk: one not downloaded yet is read by remote_header.py), never
+    the bundled model when a source is given."""
     if source is not None:
-        if source.path is None:
-            raise ModelNotOnDisk(
-                f"safe-llama: {source.spec} is not downloaded yet ({source.where}): llama.cpp downloads it and "
-                "fits it itself on this start; the plan is exact from the next start"
-            )
+        assert source.path is not None, "a model not downloaded yet has no file to plan on"
         return source.path
     from safe_llama.model.bundled import bundled_model_path
 
@@ -191,7 +188,7 @@ def _prepare(
 
         remote = read_remote(source, cmd, env)
         path, facts, remote_mmproj = remote.url, remote.facts, remote.mmproj_bytes
-        announce = (remote.line(source.spec), *announce)
+        announce = (remote.line(source.spec, cmd.tool), *announce)
     else:
         path = model_path_for(source, env)
         facts = facts_for(path, env)

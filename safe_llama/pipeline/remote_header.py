@@ -46,11 +46,12 @@ class RemoteModel:
     read_bytes: int  # what the header's reading fetched
     mmproj_bytes: int  # the projector llama.cpp downloads beside it (-hf), 0 when none
 
-    def line(self, spec: str) -> str:
+    def line(self, spec: str, tool: str) -> str:
+        """The one line a launch says (and `plan` notes), naming the binary that downloads it."""
         scheme = "HTTPS" if self.url.startswith("https:") else "HTTP"
         return (
             f"{spec} is not downloaded yet: planned from its GGUF header, read over {scheme} from {self.url} "
-            f"({human(self.read_bytes)} of {human(self.facts.file_size)}); llama.cpp downloads it on this start"
+            f"({human(self.read_bytes)} of {human(self.facts.file_size)}); llama-{tool} downloads it on this start"
         )
 
 
@@ -320,6 +321,6 @@ def read_remote(source: ms.ModelSource, cmd: CommandLine, env: Mapping[str, str]
     except Unreadable as why:
         raise ModelNotOnDisk(
             f"safe-llama: {source.spec} is not downloaded yet ({source.where}) and its header could not be read "
-            f"({why}): llama.cpp downloads it and fits it itself on this start; the plan is exact from the next "
-            "start"
+            f"({why}): llama-{cmd.tool} downloads it and fits it itself on this start; the plan is exact from the "
+            "next start"
         ) from None

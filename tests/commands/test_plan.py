@@ -97,8 +97,8 @@ def test_a_model_not_downloaded_is_not_an_error(capsys: pytest.CaptureFixture[st
     hub = Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub" / "models--org--repo"
     message = (
         f"org/repo is not downloaded yet (not in the HF cache {hub}) and its header could not be read "
-        "(http://127.0.0.1:9/api/models/org/repo/refs: [Errno 111] Connection refused): llama.cpp downloads it "
-        "and fits it itself on this start; the plan is exact from the next start"
+        "(http://127.0.0.1:9/api/models/org/repo/refs: [Errno 111] Connection refused): llama-server downloads "
+        "it and fits it itself on this start; the plan is exact from the next start"
     )
     assert result["model"] == {
         "path": None, "bundled": False, "downloaded": False,

@@ -216,6 +216,11 @@ LINES = [
         id="port-in-use",
     ),
     pytest.param(
+        log_line("completion-https-unsupported.log", "HTTPS is not supported"),
+        ("https-unsupported", "not_memory", None, None, None),
+        id="build-without-https",
+    ),
+    pytest.param(
         log_line("server-port-in-use.log", "exiting due to HTTP server error"),
         ("http-bind", "not_memory", None, None, None),
         id="http-server-error",
@@ -385,6 +390,7 @@ def test_clean_line(raw: str, clean: str) -> None:
         ("completion-bad-value.log", 1, "not_memory", "invalid-argument", None, None, None),
         ("completion-quantized-v-no-fa.log", 1, "not_memory", "context-parameters", None, None, None),
         ("server-port-in-use.log", 1, "not_memory", "http-bind", None, None, None),
+        ("completion-https-unsupported.log", 1, "not_memory", "https-unsupported", None, None, None),
         ("vulkan-kv-tensor-abort.log", -signal.SIGABRT, "alloc", "kv-tensor-unsupported", None, None, "Vulkan0"),
     ],
 )
