@@ -21,7 +21,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.model_source import resolve
 from safe_llama.errors import ModelNotOnDisk
 from safe_llama.model.facts_cache import facts_for
-from safe_llama.pipeline.remote_header import MAX_HEADER_BYTES, read_remote, shown
+from safe_llama.pipeline.remote_header import MAX_HEADER_BYTES, RemoteModel, read_remote, shown
 from tests.hf_hub import COMMIT, Hub, serving
 from tests.llama_run import kv_lines
 from tests.tiny_gguf import write_tiny_gguf
@@ -52,7 +52,7 @@ def _env(hub: Hub, tmp_path: Path, **extra: str) -> dict[str, str]:
     return {"HOME": str(tmp_path / "home"), "MODEL_ENDPOINT": hub.endpoint, "SSL_CERT_FILE": str(hub.cert), **extra}
 
 
-def _read(args: list[str], env: dict[str, str], tool: str = "server") -> tuple[object, str]:
+def _read(args: list[str], env: dict[str, str], tool: str = "server") -> tuple[RemoteModel, str]:
     cmd = parse(tool, args, env)
     source = resolve(cmd, env)
     assert source is not None and not source.on_disk
@@ -64,8 +64,8 @@ def test_the_header_read_over_https_gives_the_files_own_facts(hub: Hub, tmp_path
     env = _env(hub, tmp_path, HF_TOKEN=TOKEN)
     remote, line = _read(["-hf", REPO], env)
     url = f"{hub.endpoint}{REPO}/resolve/{COMMIT}/tiny-Q4_K_M.gguf"
-    assert remote.url == url  # type: ignore[attr-defined]
-    assert remote.facts == replace(facts_for(tiny, env), path=url)  # type: ignore[attr-defined]
+    assert remote.url == url
+    assert remote.facts == replace(facts_for(tiny, env), path=url)
     assert line.startswith(f"{REPO} is not downloaded yet: planned from its GGUF header, read over HTTPS from {url}")
     # llama.cpp's requests, in its order, each with the token (it is valid for the API); never said
     assert [(s.path, s.authorization) for s in hub.seen] == [
@@ -79,14 +79,21 @@ def test_the_header_read_over_https_gives_the_files_own_facts(hub: Hub, tmp_path
 def test_a_tag_a_file_and_a_split_model(hub: Hub, tmp_path: Path) -> None:
     env = _env(hub, tmp_path)
     remote, _ = _read(["-hf", f"{REPO}:q8_0"], env)
-    assert remote.url.endswith("/tiny-Q8_0.gguf") and remote.facts.context_length == 8192  # type: ignore[attr-defined]
+    assert remote.url.endswith("/tiny-Q8_0.gguf") and remote.facts.context_length == 8192
     remote, _ = _read(["-hf", REPO, "-hff", "big/tiny-F16-00001-of-00002.gguf"], env)
-    assert remote.facts.context_length == 8192  # type: ignore[attr-defined]
+    assert remote.facts.context_length == 8192
     # -mu naming the second part: llama.cpp loads the first, whose header is read
     second = f"{hub.endpoint}{REPO}/resolve/main/big/tiny-F16-00002-of-00002.gguf"
     remote, _ = _read(["-mu", second], env)
-    assert remote.url == second.replace("00002-of", "00001-of") and remote.facts.context_length == 8192  # type: ignore[attr-defined]
+    assert remote.url == second.replace("00002-of", "00001-of") and remote.facts.context_length == 8192
     assert all(s.authorization is None for s in hub.seen)  # no token given, none sent
+
+
+def test_hfr_and_llama_arg_hf_repo_are_hf(hub: Hub, tmp_path: Path) -> None:
+    env = _env(hub, tmp_path)
+    by_alias, _ = _read(["-hfr", REPO], env)
+    by_variable, _ = _read([], {**env, "LLAMA_ARG_HF_REPO": REPO})
+    assert by_alias.url == by_variable.url and by_alias.url.endswith("/tiny-Q4_K_M.gguf")
 
 
 def test_a_token_llama_cpp_keeps_from_the_api_is_kept_from_it_too(hub: Hub, tmp_path: Path) -> None:
