@@ -1,7 +1,9 @@
 """Fake: a local stand-in for the Hugging Face hub over HTTPS (nothing here reaches the internet), answering the
 requests the pinned llama.cpp makes for -hf (common/hf-cache.cpp, common/download.cpp): the refs and the tree
-of the API, HEAD and GET (with Range) of /<repo>/resolve/<commit>/<file>; -mu URLs are the same files. Its
-certificate is self-signed, made here with the openssl command, trusted through SSL_CERT_FILE.
+of the API, HEAD and GET (with Range) of /<repo>/resolve/<commit>/<file>; -mu URLs are the same files; and
+Docker Hub's for -dr: /token, /v2/<repo>/manifests/<tag>, /v2/<repo>/blobs/<digest> (redirected, as Docker Hub
+does, to another host: localhost instead of 127.0.0.1). Its certificate is self-signed, made here with the
+openssl command, trusted through SSL_CERT_FILE.
 
 A test support module, not a test; every request is kept (method, path, Range, Authorization) for the tests
 to check what was asked, with which credentials, and how many bytes went out before llama.cpp downloaded.
@@ -36,6 +38,7 @@ class Seen:
 @dataclass
 class Hub:
     repos: dict[str, dict[str, Path]]  # repo -> {path in the repo: file served}
+    docker: dict[str, Path] = field(default_factory=dict)  # "<repo>:<tag>" -> the GGUF layer served
     port: int = 0
     cert: Path = Path()
     seen: list[Seen] = field(default_factory=list)
@@ -147,6 +150,26 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                          "lfs": {"oid": oids[p], "size": p.stat().st_size, "pointerSize": 135}}
                         for name, p in files.items()
                     ])  # fmt: skip
+            if path == "/token":
+                return self._json({"token": "dock3r-t0ken"})
+            manifest = re.fullmatch(r"/v2/([^/]+/[^/]+)/manifests/([^/]+)", path)
+            if manifest and f"{manifest[1]}:{manifest[2]}" in hub.docker:
+                served = hub.docker[f"{manifest[1]}:{manifest[2]}"]
+                oids.setdefault(served, _oid(served))
+                layer = {"mediaType": "application/vnd.docker.ai.gguf.v3", "digest": f"sha256:{oids[served]}"}
+                return self._json({"schemaVersion": 2, "layers": [{"mediaType": "text/plain"}, layer]})
+            blob = re.fullmatch(r"/v2/[^/]+/[^/]+/blobs/sha256:([0-9a-f]{64})", path)
+            if blob:
+                self.send_response(307)
+                self.send_header("Location", f"https://localhost:{hub.port}/cdn/{blob[1]}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return self._note(0)
+            cdn = re.fullmatch(r"/cdn/([0-9a-f]{64})", path)
+            if cdn:
+                served_by_oid = {oid: p for p, oid in oids.items()}
+                if cdn[1] in served_by_oid:
+                    return self._file(served_by_oid[cdn[1]], head)
             resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([0-9a-f]{40}|main)/(.+)", path)
             if resolve and resolve[1] in hub.repos and resolve[3] in hub.repos[resolve[1]]:
                 return self._file(hub.repos[resolve[1]][resolve[3]], head)
@@ -162,9 +185,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serving(folder: Path, repos: dict[str, dict[str, Path]]) -> Iterator[Hub]:
+def serving(folder: Path, repos: dict[str, dict[str, Path]], docker: dict[str, Path] | None = None) -> Iterator[Hub]:
     """The hub on a free port of 127.0.0.1, its certificate in folder, until the block ends."""
-    hub = Hub(repos)
+    hub = Hub(repos, docker or {})
     hub.cert, key = make_certificate(folder)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     server.daemon_threads = True

@@ -32,6 +32,9 @@ MAX_HEADER_BYTES = 64 << 20  # a real header is under 10 MiB (the bundled model'
 MAX_JSON_BYTES = 16 << 20  # an API answer (a repository's file list)
 READ_AHEAD = 4 << 20  # bytes asked per range request
 MAX_REDIRECTS = 5
+# Docker Hub, where the pinned llama.cpp asks for -dr models (common/download.cpp: no variable moves them)
+DOCKER_AUTH = "https://auth.docker.io/"
+DOCKER_REGISTRY = "https://registry-1.docker.io/"
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -278,12 +281,12 @@ def _wants_mmproj(cmd: CommandLine) -> bool:
 def _docker(client: _Client, spec: str) -> RemoteModel:
     """common_docker_resolve_model: Docker Hub's token, the manifest's GGUF layer, its blob."""
     repo, tag = ms.docker_repo_tag(spec)
-    scope = f"https://auth.docker.io/token?service=registry.docker.io&scope=repository:{repo}:pull"
+    scope = f"{DOCKER_AUTH}token?service=registry.docker.io&scope=repository:{repo}:pull"
     token = client.json(scope, None)
     bearer = token.get("token") if isinstance(token, dict) else None
     if not isinstance(bearer, str):
         raise Unreadable("Docker Hub's token answer has no token")
-    registry = f"https://registry-1.docker.io/v2/{repo}"
+    registry = f"{DOCKER_REGISTRY}v2/{repo}"
     accept = "application/vnd.docker.distribution.manifest.v2+json,application/vnd.oci.image.manifest.v1+json"
     answer = client.get(f"{registry}/manifests/{tag}", {"Accept": accept}, limit=MAX_JSON_BYTES, auth=_bearer(bearer))
     if answer.status != 200:

@@ -96,6 +96,26 @@ def test_hfr_and_llama_arg_hf_repo_are_hf(hub: Hub, tmp_path: Path) -> None:
     assert by_alias.url == by_variable.url and by_alias.url.endswith("/tiny-Q4_K_M.gguf")
 
 
+def test_a_docker_model_and_credentials_kept_from_another_host(
+    tmp_path: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-dr as llama.cpp resolves it (token, manifest, blob); Docker Hub's blob redirect goes to another host
+    (here localhost), which gets no Authorization."""
+    with serving(tmp_path, {}, {"ai/tiny:latest": tiny}) as hub:
+        monkeypatch.setattr("safe_llama.pipeline.remote_header.DOCKER_AUTH", hub.endpoint)
+        monkeypatch.setattr("safe_llama.pipeline.remote_header.DOCKER_REGISTRY", hub.endpoint)
+        remote, _ = _read(["-dr", "tiny"], _env(hub, tmp_path))
+        assert remote.facts.context_length == 4096
+        assert remote.url.startswith(f"{hub.endpoint}v2/ai/tiny/blobs/sha256:")  # the URL llama.cpp asks
+        assert [(s.path.split("?")[0], s.authorization) for s in hub.seen[:3]] == [
+            ("/token", None),
+            ("/v2/ai/tiny/manifests/latest", "Bearer dock3r-t0ken"),
+            (hub.seen[2].path, "Bearer dock3r-t0ken"),
+        ]
+        assert hub.seen[2].path.startswith("/v2/ai/tiny/blobs/sha256:")
+        assert all(s.authorization is None for s in hub.seen[3:]) and hub.seen[3].path.startswith("/cdn/")
+
+
 def test_a_token_llama_cpp_keeps_from_the_api_is_kept_from_it_too(hub: Hub, tmp_path: Path) -> None:
     env = _env(hub, tmp_path, HF_TOKEN="not-an-hf-token")  # noqa: S106 (a made-up token, the test's input)
     _read(["-hf", REPO], env)
