@@ -160,8 +160,10 @@ class _Client:
                 conn.close()
         except ssl.SSLCertVerificationError as err:
             raise Unreadable(f"{shown(url)}: the server's certificate is not trusted ({err.verify_message})") from None
-        except (OSError, http.client.HTTPException, ValueError) as err:
-            raise Unreadable(f"{shown(url)}: {err or type(err).__name__}") from None
+        except (http.client.InvalidURL, ValueError):  # their words quote the URL or the header: the token
+            raise Unreadable(f"{shown(url)}: a URL or a header (the token?) that HTTP cannot carry") from None
+        except (OSError, http.client.HTTPException) as err:
+            raise Unreadable(f"{shown(url)}: {str(err) or type(err).__name__}") from None
         if len(body) > limit:
             raise Unreadable(f"{shown(url)}: the answer is larger than {human(limit)}")
         return _Answer(response.status, response.headers, body, url)

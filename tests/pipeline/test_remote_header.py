@@ -135,6 +135,12 @@ def test_a_token_llama_cpp_keeps_from_the_api_is_kept_from_it_too(hub: Hub, tmp_
             id="no CA",
         ),
         pytest.param(
+            ["-hf", REPO, "-hft", TOKEN + "\nX-Leak: 1"],
+            {},
+            "tiny-Q4_K_M.gguf: a URL or a header (the token?) that HTTP cannot carry",
+            id="a token HTTP cannot carry",
+        ),
+        pytest.param(
             ["-hf", REPO],
             {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"},
             "the server's certificate is not trusted (self-signed certificate)",
