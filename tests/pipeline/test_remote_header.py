@@ -176,10 +176,16 @@ def test_the_first_start_of_an_hf_model_is_planned_exactly(
     name = "gemma-3-270m-Q4_K_M.gguf"
     with serving(tmp_path, {repo: {name: bundled_model}}) as hub:
         env = {k: v for k, v in clean_env.items() if k not in ("LLAMA_CACHE", "HF_HUB_CACHE", "HF_HOME")}
-        env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache"), HF_TOKEN=TOKEN,
-                   XDG_CONFIG_HOME=str(tmp_path / "config"), MODEL_ENDPOINT=hub.endpoint,
-                   SSL_CERT_FILE=str(hub.cert), SAFE_LLAMA_BIN_DIR=str(llama_bin),
-                   LLAMA_ARG_LOG_VERBOSITY="4")  # fmt: skip (llama-completion logs its KV sizes from 4 on)
+        env.update(
+            HOME=str(tmp_path / "home"),
+            XDG_CACHE_HOME=str(tmp_path / "cache"),
+            HF_TOKEN=TOKEN,
+            XDG_CONFIG_HOME=str(tmp_path / "config"),
+            MODEL_ENDPOINT=hub.endpoint,
+            SSL_CERT_FILE=str(hub.cert),
+            SAFE_LLAMA_BIN_DIR=str(llama_bin),
+            LLAMA_ARG_LOG_VERBOSITY="4",
+        )  # fmt: skip (llama-completion logs its KV sizes from 4 on)
         args = ["completion", "-hf", repo, "-p", "Hi", "-n", "4"]
         planned = subprocess.run(
             [sys.executable, "-m", "safe_llama", "plan", "--json", *args], env=env, capture_output=True, text=True,
