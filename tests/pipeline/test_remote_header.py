@@ -184,8 +184,8 @@ def test_the_first_start_of_an_hf_model_is_planned_exactly(
             MODEL_ENDPOINT=hub.endpoint,
             SSL_CERT_FILE=str(hub.cert),
             SAFE_LLAMA_BIN_DIR=str(llama_bin),
-            LLAMA_ARG_LOG_VERBOSITY="4",
-        )  # fmt: skip (llama-completion logs its KV sizes from 4 on)
+            LLAMA_ARG_LOG_VERBOSITY="4",  # llama-completion logs its KV sizes from verbosity 4 on
+        )
         args = ["completion", "-hf", repo, "-p", "Hi", "-n", "4"]
         planned = subprocess.run(
             [sys.executable, "-m", "safe_llama", "plan", "--json", *args], env=env, capture_output=True, text=True,
