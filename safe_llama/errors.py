@@ -65,8 +65,8 @@ class SafeLlamaError(Exception):
 
 
 class ModelNotOnDisk(SafeLlamaError):
-    """A model source (-hf, -mu, -dr) llama.cpp has not downloaded yet: nothing to plan from; llama.cpp
-    downloads it and fits it itself on this start."""
+    """A model source (-hf, -mu, -dr) llama.cpp has not downloaded yet, whose header could not be read over
+    HTTP either: nothing to plan from; llama.cpp downloads it and fits it itself on this start."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, ExitStatus.BAD_MODEL)

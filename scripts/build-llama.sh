@@ -43,9 +43,11 @@ PY=${PYTHON:-python3}
 # The OpenVINO flavour loads libopenvino from the openvino wheel of the Python that built it, through
 # $ORIGIN/../openvino-libs, a link re-pointed at every run: a new virtual environment with the same
 # openvino version needs no rebuild; another version does.
-# The stamp in .complete names what the build holds: a build from before the RPC backend, or one with ggml's AMX
-# kernels (below), is built again.
+# The stamp in .complete names what the build holds: a build from before the RPC backend, one with ggml's AMX
+# kernels (below), or one without HTTPS (cpu, openvino, vulkan: -hf, -hfr, -mu and -dr download over HTTPS), is
+# built again. The portable build is the guest's llama-server, which never downloads: it stays without OpenSSL.
 OV_STAMP="rpc no-amx"
+[ "$FLAVOUR" = portable ] || OV_STAMP="$OV_STAMP https"
 if [ "$FLAVOUR" = openvino ]; then
   OV_LIBS=$("$PY" -c 'import openvino, os; print(os.path.join(os.path.dirname(openvino.__file__), "libs"))')
   OV_STAMP="openvino $("$PY" -c 'import openvino; print(openvino.__version__)') $OV_STAMP"
@@ -108,7 +110,8 @@ ARGS=(
   -DCMAKE_BUILD_TYPE=Release
   -DBUILD_SHARED_LIBS=OFF          # static: the binaries can be moved, no RUNPATH into the build folder
   "-DLLAMA_BUILD_TESTS=$([ "$FLAVOUR" = cpu ] && echo ON || echo OFF)" -DLLAMA_BUILD_EXAMPLES=OFF
-  -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+  "-DLLAMA_OPENSSL=$([ "$FLAVOUR" = portable ] && echo OFF || echo ON)"   # HTTPS: apt's libssl-dev
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
   -DGGML_RPC=ON                    # the RPC backend (--rpc) and rpc-server
 )
 # ggml's AMX kernels (compiled in by -march=native on a CPU with AMX: Sapphire Rapids and later Xeons) crash the
@@ -137,6 +140,12 @@ BUILD=$ROOT/build-$FLAVOUR
 say "configuring llama.cpp $VERSION ($FLAVOUR) with cmake; the build log: $LOG"
 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" "${ARGS[@]}" >"$LOG" 2>&1 \
   || { tail -n 30 "$LOG" >&2; say "cmake failed after $(elapsed "$START"); the whole log: $LOG"; exit 1; }
+# llama.cpp's cmake only warns when it finds no OpenSSL (or too old a one) and builds without HTTPS: refuse that.
+if [ "$FLAVOUR" != portable ] && ! grep -q '^-- OpenSSL found' "$LOG"; then
+  say "cmake found no usable OpenSSL (3.0 or newer) for HTTPS: install libssl-dev (apt-get install libssl-dev);" \
+    "the whole log: $LOG"
+  exit 1
+fi
 say "compiling ${TOOLS[*]} ${EXTRA[*]} on $(nproc) core(s): minutes; progress every minute" \
   "(or: tail -f $LOG)"
 cmake --build "$BUILD" --target "${TOOLS[@]}" "${EXTRA[@]}" -j "$(nproc)" >>"$LOG" 2>&1 &

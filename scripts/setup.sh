@@ -48,7 +48,8 @@ else
   BASE=$(command -v python3 || echo /usr/bin/python3)
 fi
 
-APT=(pocl-opencl-icd ocl-icd-libopencl1 clinfo ninja-build cmake g++ make)
+# libssl-dev: llama.cpp downloads over HTTPS (-hf, -hfr, -mu, -dr) only when built with OpenSSL
+APT=(pocl-opencl-icd ocl-icd-libopencl1 clinfo ninja-build cmake g++ make libssl-dev)
 [ "$MODE" = test ] && APT+=(ocl-icd-opencl-dev opencl-headers systemd procps util-linux)
 # the Vulkan flavour: the shader compiler and headers to build it, the loader and Mesa's drivers to run it
 [ "$VULKAN" = yes ] && APT+=(glslc spirv-headers libvulkan-dev libvulkan1 mesa-vulkan-drivers)

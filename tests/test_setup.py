@@ -63,7 +63,9 @@ def test_a_users_build_is_the_system_wide_one(home: Path) -> None:
     ("stamp", "why"),
     [
         pytest.param(
-            "openvino 2024.0 rpc", "it was built as 'openvino 2024.0 rpc', this set-up needs 'rpc no-amx'", id="other"
+            "openvino 2024.0 rpc",
+            "it was built as 'openvino 2024.0 rpc', this set-up needs 'rpc no-amx https'",
+            id="other",
         ),
         pytest.param(None, "it is not finished (no readable .complete stamp)", id="unfinished"),
     ],

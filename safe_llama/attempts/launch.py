@@ -99,7 +99,8 @@ def run_attempts(
             prepared, lessons = _prepare(tool, args, env, options.plan, binary, say), Lessons()
             digest = None
             recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
-            if prepared is not None and options.remember:
+            # a model not downloaded yet (planned from its header read over HTTP) is remembered from its next start on
+            if prepared is not None and options.remember and (prepared.source is None or prepared.source.on_disk):
                 digest = _remember_key(prepared, binary)
                 prepared, lessons, recalled = _recall(prepared, options.plan, digest, env, say)
             _book(entry, prepared, tool)

@@ -228,3 +228,88 @@ def resolve(cmd: CommandLine, env: Mapping[str, str]) -> ModelSource | None:
     if model:
         return ModelSource("model", model, model, "-m")
     return None
+
+
+# What llama.cpp requests for a model it has not downloaded yet (common/hf-cache.cpp, common/download.cpp):
+# pure rules, so pipeline/remote_header.py asks the same server for the same file before llama.cpp does.
+_REPO_ID = re.compile(r"[A-Za-z0-9_]+(?:[/.-][A-Za-z0-9_]+)*")
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{34,253}")
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+
+
+def model_endpoint(env: Mapping[str, str]) -> str:
+    """common_get_model_endpoint: MODEL_ENDPOINT, else HF_ENDPOINT, else huggingface.co; ends with '/'."""
+    endpoint = env.get("MODEL_ENDPOINT") or env.get("HF_ENDPOINT") or "https://huggingface.co/"
+    return endpoint if endpoint.endswith("/") else endpoint + "/"
+
+
+def valid_repo_id(repo: str) -> bool:
+    """hf_cache's is_valid_repo_id: [A-Za-z0-9_] runs joined by single / . -, exactly one '/'."""
+    return len(repo) <= 256 and repo.count("/") == 1 and _REPO_ID.fullmatch(repo) is not None
+
+
+def api_token(token: str | None) -> str | None:
+    """The token llama.cpp sends to the HF API (is_valid_hf_token: 'hf_' and 34 to 253 letters or digits);
+    the downloads themselves carry any non-empty token."""
+    return token if token and _HF_TOKEN.fullmatch(token) else None
+
+
+def commit_from_refs(refs: object) -> str | None:
+    """get_repo_commit: the 'main' branch's targetCommit, else the first valid branch's."""
+    if not isinstance(refs, dict) or not isinstance(refs.get("branches"), list):
+        return None
+    first = None
+    for branch in refs["branches"]:
+        if not isinstance(branch, dict):
+            continue
+        name, commit = branch.get("name"), branch.get("targetCommit")
+        if not (isinstance(name, str) and isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+            continue
+        if name == "main":
+            return commit
+        first = first or commit
+    return first
+
+
+def files_from_tree(tree: object) -> dict[str, int]:
+    """get_repo_files: the repository's files (path -> size in bytes, 0 when not said), in the listing's order."""
+    files: dict[str, int] = {}
+    if not isinstance(tree, list):
+        return files
+    for item in tree:
+        if not isinstance(item, dict) or item.get("type") != "file" or not isinstance(item.get("path"), str):
+            continue
+        path = item["path"]
+        if path.startswith("/") or ".." in path.split("/"):
+            continue  # is_valid_subpath
+        lfs = item.get("lfs")
+        size = lfs.get("size") if isinstance(lfs, dict) else item.get("size")
+        files[path] = size if isinstance(size, int) and 0 <= size < 1 << 50 else 0
+    return files
+
+
+def first_part_url(url: str) -> str:
+    """common_download_get_all_parts(url)[0]: a split model's first part, the one llama.cpp loads."""
+    info = split_info(url)
+    if info is None or info[3] <= 1:
+        return url
+    return f"{info[0]}-00001-of-{info[3]:05d}.gguf"
+
+
+def docker_repo_tag(spec: str) -> tuple[str, str]:
+    """common_docker_resolve_model: ('ai/<model>' when no '/', tag or 'latest')."""
+    repo, _, tag = spec.partition(":")
+    return (repo if "/" in spec else "ai/" + repo), (tag or "latest")
+
+
+def docker_gguf_digest(manifest: object) -> str | None:
+    """The manifest's first GGUF layer's digest (sha256:<64 hex>, lower-cased), as llama.cpp picks it."""
+    layers = manifest.get("layers") if isinstance(manifest, dict) else None
+    for layer in layers if isinstance(layers, list) else []:
+        kind = layer.get("mediaType") if isinstance(layer, dict) else None
+        if isinstance(kind, str) and "gguf" in kind:
+            digest = layer.get("digest")
+            if isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-fA-F]{64}", digest):
+                return digest.lower()
+            return None
+    return None

@@ -71,7 +71,7 @@ def plan_command(
         bundled=prepared.source is None,
     )
     result["model"]["source"] = _source_json(prepared.source)
-    result["model"]["downloaded"] = True
+    result["model"]["downloaded"] = prepared.source is None or prepared.source.on_disk
     extra = [*prepared.others.held_lines(), *prepared.announce, *prepared.notes]
     note = context_note(prepared.facts, kv, tool)
     if note:

@@ -53,11 +53,18 @@ _PHASES = (
     ("context", re.compile(r"^llama_context:|^llama_kv_cache|^llama_init_from_model")),
     ("weights", re.compile(r"^load_tensors:|^llama_model_loader:|^llama_model_load|load_model: loading model")),
 )
-# Which tool printed the log. llama-cli runs a server inside, so its marks are looked for first.
+# Which tool printed the log. llama-cli runs a server inside, so its marks are looked for first. safe-llama's
+# line for a model not downloaded yet names the binary that downloads it (before it prints anything).
 _TOOL_MARKS = (
-    ("cli", re.compile(r"llama_server exited with code|the server exited before becoming ready|^available commands:")),
-    ("server", re.compile(r"^srv\s|^slot\s|llama_server:")),
-    ("completion", re.compile(r"^llama_completion:|^generate: n_ctx")),
+    (
+        "cli",
+        re.compile(
+            r"llama_server exited with code|the server exited before becoming ready|^available commands:"
+            r"|\bllama-cli downloads it\b"
+        ),
+    ),
+    ("server", re.compile(r"^srv\s|^slot\s|llama_server:|\bllama-server downloads it\b")),
+    ("completion", re.compile(r"^llama_completion:|^generate: n_ctx|\bllama-completion downloads it\b")),
 )
 _BACKEND_MARKS = tuple((name, re.compile(marks)) for name, marks in log_marks())
 _GPU_DEVICE = re.compile(gpu_marks())
@@ -219,6 +226,7 @@ class LogReader:
         said = own_text(line)
         if said is not None:
             self._own.append(self._own_table.match(said, number))
+            self._tools.update(name for name, pattern in _TOOL_MARKS if pattern.search(said))
             return
         for name, pattern in _PHASES:
             if pattern.search(line):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from io import FileIO
 from types import MappingProxyType
-from typing import NoReturn, TypeAlias
+from typing import NoReturn, Protocol, TypeAlias
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.messages import MODEL_PROBLEM, PREFIX
@@ -179,10 +179,19 @@ def _count(n: int) -> str:
     return str(n)
 
 
+class ByteSource(Protocol):
+    """Where the header's bytes come from: a file, or a model's first bytes fetched over HTTP range requests
+    (pipeline/remote_header.py); a failed read raises OSError."""
+
+    def seek(self, pos: int, /) -> int: ...
+
+    def read(self, size: int, /) -> bytes: ...
+
+
 class _Reader:
     """A forward-only cursor over the file, holding a window of it in one bytes object."""
 
-    def __init__(self, file: FileIO, path: str, size: int) -> None:
+    def __init__(self, file: ByteSource, path: str, size: int) -> None:
         self.file = file
         self.path = path
         self.size = size
@@ -365,6 +374,12 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     file, size = _open(name)
     with file:
         return _parse(_Reader(file, name, size))
+
+
+def read_header_from(source: ByteSource, name: str, size: int) -> GGUFHeader:
+    """The header of a GGUF file of `size` bytes read from `source` (named `name` in every error), with the
+    same bounds as a file's."""
+    return _parse(_Reader(source, name, size))
 
 
 def _parse(r: _Reader) -> GGUFHeader:

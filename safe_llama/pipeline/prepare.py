@@ -21,7 +21,7 @@ from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.reservations import NO_OTHERS, Launch, Others, device_key, host_limits_with, others, visible_of
 from safe_llama.device.target_device import TargetDevice
-from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
@@ -91,13 +91,10 @@ class Prepared:
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
-    """The file to plan on: the source's, never the bundled model when a source is given."""
+    """The file to plan on: the source's (on disk: one not downloaded yet is read by remote_header.py), never
+    the bundled model when a source is given."""
     if source is not None:
-        if source.path is None:
-            raise ModelNotOnDisk(
-                f"safe-llama: {source.spec} is not downloaded yet ({source.where}): llama.cpp downloads it and "
-                "fits it itself on this start; the plan is exact from the next start"
-            )
+        assert source.path is not None, "a model not downloaded yet has no file to plan on"
         return source.path
     from safe_llama.model.bundled import bundled_model_path
 
@@ -111,8 +108,11 @@ def _file_size(path: str | None) -> int:
         return 0
 
 
-def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str]) -> tuple[Layout, tuple[str, ...]]:
-    """The request's layout with the files it names read (draft facts, projector size)."""
+def layout_for(
+    req: Request, source: ModelSource | None, env: Mapping[str, str], *, remote_mmproj_bytes: int = 0
+) -> tuple[Layout, tuple[str, ...]]:
+    """The request's layout with the files it names read (draft facts, projector size); remote_mmproj_bytes:
+    the projector llama.cpp downloads beside a model not downloaded yet (its size from the repository's list)."""
     notes: list[str] = []
     draft = None
     if req.draft is not None:
@@ -125,7 +125,8 @@ def layout_for(req: Request, source: ModelSource | None, env: Mapping[str, str])
         if draft_path:
             draft = Draft(facts=facts_for(draft_path, env), options=req.draft.options)
     mmproj = req.mmproj or (source.mmproj if source is not None else None)
-    return replace(req.layout, mmproj_bytes=_file_size(mmproj), draft=draft), tuple(notes)
+    mmproj_bytes = _file_size(mmproj) if mmproj else remote_mmproj_bytes
+    return replace(req.layout, mmproj_bytes=mmproj_bytes, draft=draft), tuple(notes)
 
 
 def key_warnings(cmd: CommandLine) -> tuple[str, ...]:
@@ -190,9 +191,17 @@ def _prepare(
             cmd = parse(tool, args, env)
     announce += key_warnings(cmd)
     req = to_request(cmd)
-    path = model_path_for(source, env)
-    facts = facts_for(path, env)
-    layout, notes = layout_for(req, source, env)
+    remote_mmproj = 0
+    if source is not None and not source.on_disk:  # its header, read where llama.cpp downloads it from
+        from safe_llama.pipeline.remote_header import read_remote
+
+        remote = read_remote(source, cmd, env)
+        path, facts, remote_mmproj = remote.url, remote.facts, remote.mmproj_bytes
+        announce = (remote.line(source.spec, cmd.tool), *announce)
+    else:
+        path = model_path_for(source, env)
+        facts = facts_for(path, env)
+    layout, notes = layout_for(req, source, env, remote_mmproj_bytes=remote_mmproj)
     try:
         binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
     except SafeLlamaError:
@@ -216,8 +225,8 @@ def _prepare(
                 ExitStatus.WORKER_UNAVAILABLE,
             )
         listed_rpc = report.rpc.devices
-    remote = remote_devices(listed_rpc, options.declared.rpc_memory)
-    target = replace(probed_target(report, options, env), remote=remote)
+    workers = remote_devices(listed_rpc, options.declared.rpc_memory)
+    target = replace(probed_target(report, options, env), remote=workers)
     launches += _arrived(env, launches)
     reading, _ = match_reading(report.target.listed, report.target.pci, report.free.readings, env)
     key = device_key(

@@ -114,6 +114,8 @@ def _args(world: Path, case: dict[str, Any]) -> list[str]:
 def run_plan(world: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
              bin_dir: Path) -> tuple[int, dict[str, Any]]:  # fmt: skip
     monkeypatch.chdir(world / "work" if any(a.startswith("../") for a in case["args"]) else world)
+    # no network: a model not downloaded yet gets no time to have its header read over HTTP
+    monkeypatch.setattr("safe_llama.pipeline.remote_header.DEADLINE", 0.0)
     options = plan_options(
         ladder=None, min_ctx=None, profile="nvidia-h200" if case.get("target") == "h200" else None, max_alloc=None,
         device_memory=None, integrated=None, host_memory="64G", llama_bin=str(bin_dir), llama_version=None,

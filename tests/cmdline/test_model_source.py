@@ -10,7 +10,22 @@ from pathlib import Path
 import pytest
 
 from safe_llama.cmdline.llama_args import parse
-from safe_llama.cmdline.model_source import best_mmproj, best_model, docker_file, hf_cache_dir, resolve, url_file
+from safe_llama.cmdline.model_source import (
+    api_token,
+    best_mmproj,
+    best_model,
+    commit_from_refs,
+    docker_file,
+    docker_gguf_digest,
+    docker_repo_tag,
+    files_from_tree,
+    first_part_url,
+    hf_cache_dir,
+    model_endpoint,
+    resolve,
+    url_file,
+    valid_repo_id,
+)
 from tests.tiny_gguf import write_tiny_gguf
 
 COMMIT = "a" * 40
@@ -120,7 +135,12 @@ def test_plan_on_an_hf_model_in_the_cache(tmp_path: Path, clean_env: dict[str, s
 
 
 def test_plan_on_an_hf_model_not_downloaded(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    env = {**clean_env, "HF_HUB_CACHE": str(tmp_path / "empty"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {
+        **clean_env,
+        "HF_HUB_CACHE": str(tmp_path / "empty"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "MODEL_ENDPOINT": "http://127.0.0.1:9",
+    }  # fmt: skip (the discard port: its header cannot be read)
     result = _plan(["-hf", "ggml-org/gemma-3-1b-it-GGUF", "-c", "8192"], env)
     assert result["model"] == {  # never the bundled model
         "path": None,
@@ -132,3 +152,59 @@ def test_plan_on_an_hf_model_not_downloaded(tmp_path: Path, clean_env: dict[str,
     }  # fmt: skip
     assert result["decision"]["argv"] == ["-hf", "ggml-org/gemma-3-1b-it-GGUF", "-c", "8192"]  # type: ignore[index]
     assert len(result["notes"]) == 1 and "not downloaded yet" in result["notes"][0]  # type: ignore[arg-type,index]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({}, "https://huggingface.co/", id="default"),
+        pytest.param({"HF_ENDPOINT": "https://mirror.example"}, "https://mirror.example/", id="HF_ENDPOINT"),
+        pytest.param(
+            {"MODEL_ENDPOINT": "http://m:8080/x/", "HF_ENDPOINT": "https://h"},
+            "http://m:8080/x/",
+            id="MODEL_ENDPOINT first",
+        ),
+        pytest.param({"MODEL_ENDPOINT": "", "HF_ENDPOINT": "https://h"}, "https://h/", id="empty is unset"),
+    ],
+)
+def test_the_endpoint_llama_cpp_asks(env: dict[str, str], expected: str) -> None:
+    assert model_endpoint(env) == expected
+
+
+def test_repository_names_and_tokens_as_llama_cpp_checks_them() -> None:
+    assert valid_repo_id("ggml-org/gemma-3-270m-GGUF") and valid_repo_id("a_b/c.d")
+    assert not any(valid_repo_id(r) for r in ("org", "a/b/c", "a//b", "-a/b", "a/b-", "a b/c", "a/" + "x" * 256))
+    good = "hf_" + "a1B2" * 9
+    assert api_token(good) == good
+    assert api_token("hf_short") is None and api_token("sk_" + "a" * 40) is None and api_token(None) is None
+
+
+def test_the_commit_and_the_files_of_a_repository() -> None:
+    commit, other = "a" * 40, "b" * 40
+    refs = {"branches": [{"name": "dev", "targetCommit": other}, {"name": "main", "targetCommit": commit}]}
+    assert commit_from_refs(refs) == commit
+    assert commit_from_refs({"branches": [{"name": "dev", "targetCommit": other}]}) == other
+    assert commit_from_refs({"branches": [{"name": "main", "targetCommit": "zz"}]}) is None
+    assert commit_from_refs([]) is None
+    tree = [
+        {"type": "file", "path": "m-Q4_K_M.gguf", "size": 135, "lfs": {"oid": "c" * 64, "size": 1 << 30}},
+        {"type": "file", "path": "README.md", "size": 10},
+        {"type": "directory", "path": "sub"},
+        {"type": "file", "path": "../escape.gguf", "size": 1},
+        {"type": "file", "path": "odd.gguf", "size": "big"},
+    ]
+    assert files_from_tree(tree) == {"m-Q4_K_M.gguf": 1 << 30, "README.md": 10, "odd.gguf": 0}
+    assert files_from_tree({"error": "x"}) == {}
+
+
+def test_split_urls_and_docker_names() -> None:
+    assert first_part_url("https://h/r/m-Q4_K_M-00003-of-00004.gguf") == "https://h/r/m-Q4_K_M-00001-of-00004.gguf"
+    assert first_part_url("https://h/r/m.gguf") == "https://h/r/m.gguf"
+    assert first_part_url("https://h/r/m-00002-of-00002.gguf?download=true") == (
+        "https://h/r/m-00002-of-00002.gguf?download=true"  # llama.cpp does not split a URL with a query either
+    )
+    assert docker_repo_tag("gemma3") == ("ai/gemma3", "latest")
+    assert docker_repo_tag("me/smollm2:135M-Q4_0") == ("me/smollm2", "135M-Q4_0")
+    layer = {"mediaType": "application/vnd.docker.ai.gguf.v3", "digest": "sha256:" + "AB" * 32}
+    assert docker_gguf_digest({"layers": [{"mediaType": "x"}, layer]}) == "sha256:" + "ab" * 32
+    assert docker_gguf_digest({"layers": [{**layer, "digest": "md5:00"}]}) is None

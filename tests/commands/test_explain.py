@@ -410,3 +410,25 @@ def test_the_compute_remedy_at_llama_cpps_defaults_halves_the_micro_batch() -> N
     batch = remedy(expl, "batch")
     assert expl.stage == "compute" and batch.argv_changes == {"--ubatch-size": "256"}
     assert batch.command == "llama-completion -m /absent.gguf -ub 256"
+
+
+def test_a_build_without_https_is_named_and_so_is_the_tool(clean_env: dict[str, str]) -> None:
+    """A launch of `safe-llama completion -mu https://...` on a build without OpenSSL: the signature says so, and
+    the tool is llama-completion (safe-llama's line names the binary that downloads), not llama-server."""
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / "completion-https-unsupported.log"), env=clean_env, out=out)
+    text = out.getvalue()
+    assert code == 0, text
+    assert text.startswith("What   llama-completion failed to start: this llama.cpp build cannot download models")
+    assert "Log    tool llama-completion (the log's lines)" in text
+    assert "apt-get install libssl-dev, then scripts/build-llama.sh" in text
+
+
+def test_an_hf_model_llama_cpp_found_no_file_for_points_at_safe_llamas_line(clean_env: dict[str, str]) -> None:
+    """The same build with -hf: llama.cpp says only `--model is required` (it could not list the repository)."""
+    out = io.StringIO()
+    code = run_explain(file=str(LOGS / "completion-hf-no-model.log"), env=clean_env, out=out)
+    text = out.getvalue()
+    assert code == 0, text
+    assert text.startswith("What   llama-completion failed to start: llama.cpp had no model to load")
+    assert "safe-llama's line before it says why the model's header could not be read" in text

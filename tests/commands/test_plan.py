@@ -91,12 +91,14 @@ def test_nothing_fits_prints_the_result_and_exits_67(
 
 
 def test_a_model_not_downloaded_is_not_an_error(capsys: pytest.CaptureFixture[str], env: dict[str, str]) -> None:
+    env["MODEL_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens, its header cannot be read
     code, result, err = planned(capsys, env, ["-hf", "org/repo", "--api-key", "sesame"])
     assert (code, err) == (0, "")
     hub = Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub" / "models--org--repo"
     message = (
-        f"org/repo is not downloaded yet (not in the HF cache {hub}): llama.cpp downloads it and fits it itself "
-        "on this start; the plan is exact from the next start"
+        f"org/repo is not downloaded yet (not in the HF cache {hub}) and its header could not be read "
+        "(http://127.0.0.1:9/api/models/org/repo/refs: [Errno 111] Connection refused): llama-server downloads "
+        "it and fits it itself on this start; the plan is exact from the next start"
     )
     assert result["model"] == {
         "path": None, "bundled": False, "downloaded": False,

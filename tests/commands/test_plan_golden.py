@@ -98,6 +98,8 @@ def _plan(home: Path, case: dict[str, Any], capsys: pytest.CaptureFixture[str], 
         "safe_llama.device.probing.probe_sysfs", lambda **_: SysfsReport(gpus=(), render_nodes=(), note="")
     )
     monkeypatch.setattr("safe_llama.device.probe_free.nvidia_driver_loaded", lambda *_: False)
+    # no network: a model not downloaded yet gets no time to have its header read over HTTP
+    monkeypatch.setattr("safe_llama.pipeline.remote_header.DEADLINE", 0.0)
     monkeypatch.chdir(home / "work" if any(a.startswith("../") for a in case["args"]) else home)
     profile = case.get("profile", "nvidia-h200" if case.get("target") == "h200" else None)
     options = plan_options(

@@ -216,6 +216,16 @@ LINES = [
         id="port-in-use",
     ),
     pytest.param(
+        log_line("completion-https-unsupported.log", "HTTPS is not supported"),
+        ("https-unsupported", "not_memory", None, None, None),
+        id="build-without-https",
+    ),
+    pytest.param(
+        log_line("completion-hf-no-model.log", "--model is required"),
+        ("model-required", "not_memory", None, None, None),
+        id="hf-repository-not-listed",
+    ),
+    pytest.param(
         log_line("server-port-in-use.log", "exiting due to HTTP server error"),
         ("http-bind", "not_memory", None, None, None),
         id="http-server-error",
@@ -385,6 +395,8 @@ def test_clean_line(raw: str, clean: str) -> None:
         ("completion-bad-value.log", 1, "not_memory", "invalid-argument", None, None, None),
         ("completion-quantized-v-no-fa.log", 1, "not_memory", "context-parameters", None, None, None),
         ("server-port-in-use.log", 1, "not_memory", "http-bind", None, None, None),
+        ("completion-https-unsupported.log", 1, "not_memory", "https-unsupported", None, None, None),
+        ("completion-hf-no-model.log", 1, "not_memory", "model-required", None, None, None),
         ("vulkan-kv-tensor-abort.log", -signal.SIGABRT, "alloc", "kv-tensor-unsupported", None, None, "Vulkan0"),
     ],
 )

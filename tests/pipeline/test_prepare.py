@@ -21,7 +21,7 @@ from safe_llama.cmdline.memory_flags import DEFAULT_CTX_CHECKPOINTS
 from safe_llama.cmdline.model_source import ModelSource
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import DeclaredLimits, Sourced
-from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline import prepare as prepare_module
 from safe_llama.pipeline.prepare import (
@@ -61,11 +61,6 @@ def model(tmp_path: Path) -> Path:
 def test_the_model_path_is_the_sources_or_the_bundled_model() -> None:
     on_disk = ModelSource("model", "m.gguf", "/models/m.gguf", "-m")
     assert model_path_for(on_disk, {}) == "/models/m.gguf"
-    missing = ModelSource("hf", "org/repo:Q4_K_M", None, "/cache/hub/models--org--repo")
-    with pytest.raises(ModelNotOnDisk) as err:
-        model_path_for(missing, {})
-    assert err.value.status == ExitStatus.BAD_MODEL
-    assert err.value.message.startswith("safe-llama: org/repo:Q4_K_M is not downloaded yet (/cache/hub/models--org")
     assert model_path_for(None, {"SAFE_LLAMA_PREFIX": "/somewhere"}).startswith("/somewhere/")
 
 
