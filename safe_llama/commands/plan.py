@@ -68,7 +68,7 @@ def plan_command(
         model_path=prepared.model_path,
         facts=prepared.facts,
         kv=kv,
-        bundled=prepared.source is None,
+        bundled=prepared.bundled,
     )
     result["model"]["source"] = _source_json(prepared.source)
     result["model"]["downloaded"] = True

@@ -20,6 +20,7 @@ from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import LlamaDevice
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
+from safe_llama.model.bundled import bundled_model_path, is_bundled_model
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for
 from safe_llama.model.kv import KvPlan
@@ -81,6 +82,7 @@ class Prepared:
     # secret others can read (key_warnings)
     announce: tuple[str, ...] = ()
     device: TargetDevice | None = None  # the probed device, to read its free memory again after a failure
+    bundled: bool = False  # the model is the bundled one (no source given, or its file under another name)
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
@@ -92,8 +94,6 @@ def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
                 "fits it itself on this start; the plan is exact from the next start"
             )
         return source.path
-    from safe_llama.model.bundled import bundled_model_path
-
     return str(bundled_model_path(env))
 
 
@@ -174,14 +174,15 @@ def _prepare(
     servers = rpc if isinstance(rpc, str) and rpc else None
     source = resolve(cmd, env)
     announce: tuple[str, ...] = ()
-    if source is None:  # the bundled model: in a chat, what it needs for each reply to end
+    path = model_path_for(source, env)
+    bundled = source is None or is_bundled_model(path, env)
+    if bundled:  # the bundled model, however named: in a chat, what it needs for each reply to end
         added, line = chat_options(tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml"))
         if line is not None:
             args, announce = [*args, *added], (line,)
             cmd = parse(tool, args, env)
     announce += key_warnings(cmd)
     req = to_request(cmd)
-    path = model_path_for(source, env)
     facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env)
     try:
@@ -217,7 +218,7 @@ def _prepare(
     )
     target = replace(target, remote=remote_devices(listed_rpc, options.declared.rpc_memory))
     prepared = Prepared(
-        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target
+        cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target, bundled
     )
     return replan(prepared, options, Lessons(), env)
 
