@@ -252,6 +252,29 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
     )
 
 
+def misread_numbers(cmd: CommandLine, table: ArgTable | None = None) -> tuple[str, ...]:
+    """One line for each whole-number value llama.cpp reads as another number (std::stoi stops at the first
+    character that is not a digit: -c 4k is 4, 0x10 is 0), naming where it was set (the option as typed, or
+    its LLAMA_ARG_* variable)."""
+    table = table or arg_table(cmd.tool)
+    specs = {spec.key: spec for spec in table.specs}
+    lines = []
+    for setting in cmd.settings.values():
+        spec = specs.get(setting.key)
+        if spec is None or spec.value_type != "int" or not isinstance(setting.value, str):
+            continue
+        text = setting.value.lstrip(_C_SPACE)
+        found = _INT_RE.match(text)
+        if found is None or found.end() == len(text):
+            continue  # a number as written, or one llama.cpp refuses (usage_errors says it)
+        if setting.source == "argv" and setting.argv_index is not None:
+            where = f"{cmd.argv[setting.argv_index]} {setting.value}"
+        else:
+            where = f"{setting.source}={setting.value}"
+        lines.append(f"{where} is read by llama.cpp as {int(found.group(0))}")
+    return tuple(lines)
+
+
 def read_gpu_layers(value: str) -> int:
     """-ngl / -ngld: 'auto' is -1, 'all' is -2, else std::stoi."""
     return {"auto": -1, "all": -2}.get(value) or stoi(value)

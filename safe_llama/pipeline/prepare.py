@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
-from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.llama_args import CommandLine, misread_numbers, parse, rewrite
 from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
@@ -181,7 +181,7 @@ def _prepare(
         if line is not None:
             args, announce = [*args, *added], (line,)
             cmd = parse(tool, args, env)
-    announce += key_warnings(cmd)
+    announce += misread_numbers(cmd) + key_warnings(cmd)
     req = to_request(cmd)
     facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env)

@@ -178,3 +178,28 @@ def test_the_bundled_chat_with_the_pinned_build(
         result["model"]["path"],
     ]
     assert "the bundled model" in result["notes"][-1] and result["target"]["binary_version"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(["--bogus-flag"], "error: invalid argument: --bogus-flag", id="unknown option"),
+        pytest.param(["-c"], "error: -c: expected a value", id="no value"),
+    ],
+)
+def test_a_command_line_llama_cpp_refuses_is_refused(
+    capsys: pytest.CaptureFixture[str], env: dict[str, str], model: Path, args: list[str], said: str
+) -> None:
+    """As llama.cpp's parser refuses it, before any plan (issue 38: `plan server --bogus-flag` printed a plan,
+    rc 0, and the launch then failed)."""
+    code = plan_command(tool="server", args=["-m", str(model), *args], json_out=True, options=HOST_4G, env=env)
+    out, err = capsys.readouterr()
+    assert (code, out) == (ExitStatus.USAGE, "")
+    assert err == f"safe-llama: llama-server refuses this command line: {said}\n"
+
+
+def test_a_number_llama_cpp_reads_otherwise_is_said(
+    capsys: pytest.CaptureFixture[str], env: dict[str, str], model: Path
+) -> None:
+    code, result, _ = planned(capsys, env, ["-m", str(model), "-c", "4k"])
+    assert code == 0 and "-c 4k is read by llama.cpp as 4" in result["notes"]
