@@ -86,7 +86,7 @@ def run_attempts(
     if unusable is not None:
         options = replace(options, remember=False)
         say(f"{unusable}: running without caching or remembering plans", "warning")
-    binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
+    binary = find_binary(tool, env=env, explicit=options.plan.llama_bin, explicit_from=options.plan.llama_bin_from)
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )

@@ -67,6 +67,7 @@ def plan_options(
         min_ctx=min_ctx,
         declared=declared,
         llama_bin=llama_bin,
+        llama_bin_from=(origins or {}).get("bin_dir", "--llama-bin"),
         llama_version=llama_version,
         kv_split=kv_split,
     )

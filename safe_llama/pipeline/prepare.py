@@ -48,6 +48,7 @@ class PlanOptions:
     min_ctx: int | None = None
     declared: DeclaredLimits = field(default_factory=DeclaredLimits)
     llama_bin: str | None = None
+    llama_bin_from: str = "--llama-bin"  # where llama_bin was set: the option, its variable, the config file
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
 
@@ -186,7 +187,7 @@ def _prepare(
     facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env)
     try:
-        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
+        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin, explicit_from=options.llama_bin_from)
     except SafeLlamaError:
         if options.llama_bin:
             raise

@@ -203,3 +203,23 @@ def test_a_number_llama_cpp_reads_otherwise_is_said(
 ) -> None:
     code, result, _ = planned(capsys, env, ["-m", str(model), "-c", "4k"])
     assert code == 0 and "-c 4k is read by llama.cpp as 4" in result["notes"]
+
+
+@pytest.mark.parametrize(
+    ("given", "variables", "named"),
+    [
+        pytest.param({}, {"SAFE_LLAMA_BIN_DIR": "{tmp}"}, "SAFE_LLAMA_BIN_DIR", id="the variable"),
+        pytest.param({"bin_dir": "{tmp}"}, {}, "--llama-bin", id="the option"),
+    ],
+)
+def test_a_wrong_llama_bin_names_where_it_was_set(
+    env: dict[str, str], model: Path, tmp_path: Path, given: dict[str, str], variables: dict[str, str], named: str
+) -> None:
+    """issue 38: SAFE_LLAMA_BIN_DIR=/tmp was said as `(--llama-bin)`."""
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    fill = {key: value.format(tmp=folder) for key, value in given.items()}
+    with pytest.raises(SafeLlamaError) as err:
+        run_plan(tool="completion", args=["-m", str(model)], given=fill,
+                 env={**env, **{key: value.format(tmp=folder) for key, value in variables.items()}})  # fmt: skip
+    assert err.value.message == f"safe-llama: {folder}/llama-completion ({named}): no such file"
