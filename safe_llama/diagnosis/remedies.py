@@ -43,6 +43,8 @@ class FailedCommand(Protocol):
     def env(self) -> Mapping[str, str]: ...
     @property
     def n_ctx(self) -> int | None: ...  # the cells the failed allocation was sized for
+    @property
+    def program(self) -> str | None: ...  # the tool's full path, when known
 
 
 class LogMachine(Protocol):
@@ -127,7 +129,7 @@ def ready_command(
     if argv is None:
         argv = rewrite(parse(run.tool, run.args, {}), changes)
     words = [f"{k}={shlex.quote(v)}" for k, v in redact_env({**run.env, **env}).items()]
-    words.append(TOOL_BINARY[run.tool])
+    words.append(shlex.quote(run.program or TOOL_BINARY[run.tool]))
     words += [shlex.quote(a) for a in redact_argv(argv)]
     return " ".join(words)
 
@@ -279,7 +281,11 @@ def plan_remedies(
         named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
         notes.append(
             "as asked, the command fits "
-            + (f"every limit the log names ({'; '.join(named)})" if named else "everything the log says of its machine")
+            + (
+                f"every limit planned against ({'; '.join(named)})"
+                if named
+                else "everything the log says of its machine"
+            )
             + ": that run had less memory than it needed (a ulimit -v, a cgroup limit, other programs), and how "
             "much is not in the log"
         )
