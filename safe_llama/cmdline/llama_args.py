@@ -4,6 +4,10 @@ Owns the option table (configs/llama-args.json, extracted from the pinned common
 environment twins, and argv rewriting. Pure: takes argv and env as values; must not run anything.
 Values are NamedTuples, not dataclasses: this module runs before every pass-through exec, and importing
 dataclasses (inspect with it) costs more than the whole parse.
+
+Over 400 lines on purpose: reading a value as llama.cpp does (std::stoi, std::stof, the handlers' own
+readers), the parse that refuses what llama.cpp refuses, and the values it reads as another number are one
+reading of one table; split, each part would import the others.
 """
 
 from __future__ import annotations
