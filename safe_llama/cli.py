@@ -13,7 +13,17 @@ from typing import Any
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.main import get_install_completion_arguments
 
-from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, TOOLS, Argument, Command, Option
+from safe_llama.cmdline.own_options import (
+    COMMANDS,
+    LAUNCH,
+    OPTIONS,
+    ROOT,
+    TOOL_ARGS,
+    TOOLS,
+    Argument,
+    Command,
+    Option,
+)
 
 # Everything after the tool name belongs to llama.cpp, --help included; explain's options may follow the log
 # file, and llama.cpp's own options (-c 65536) are collected as the failed run's.
@@ -73,8 +83,9 @@ def _command(command: Command) -> TyperCommand:
 def _launch_word(word: str, help_text: str) -> TyperCommand:
     """A word entry.run launches (a tool, rpc-server): listed and completed like a command, its arguments
     llama.cpp's."""
-    return TyperCommand(name=word, help=help_text, context_settings=PASSTHROUGH, rich_markup_mode=None,
-                        params=[TyperArgument(param_decls=["args"], nargs=-1)])  # fmt: skip
+    return TyperCommand(
+        name=word, help=help_text, context_settings=PASSTHROUGH, rich_markup_mode=None, params=[_argument(TOOL_ARGS)]
+    )
 
 
 LAUNCH_WORDS = (
