@@ -188,8 +188,9 @@ def explain(
         why += [identity] if identity else []
         remedies += [
             *planned,
-            *([] if kv_failed else stage_remedies(stage or "", run)),
-            *([safe_llama_remedy(run, whole)] if whole is not None else []),  # shown when its plan fits
+            # shown when a plan fits (nothing fits: the notes say how much memory would)
+            *([] if kv_failed or whole is None else stage_remedies(stage or "", run)),
+            *([safe_llama_remedy(run, whole)] if whole is not None else []),
         ]
         notes += plan_notes
     else:

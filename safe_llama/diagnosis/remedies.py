@@ -269,13 +269,25 @@ def plan_remedies(
 ) -> tuple[list[Remedy], list[str], Plan | None]:
     """What would fit, planned exactly from the model's facts against `target` (the limit learned from the
     log included): each step of the backend's ladder on its own, then the whole ladder (what safe-llama
-    would launch). When the command fits this machine as asked, the failed run had less memory: if the KV
-    cache was what failed (`kv_failed`), the plans keep it under the policy's share of the one that failed."""
+    would launch; None when nothing fits). When the command fits this machine as asked, the failed run had less
+    memory: if the KV cache was what failed (`kv_failed`), the plans keep it under the policy's share of the one
+    that failed."""
     notes: list[str] = []
     req = inputs.request
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     user_fit = inputs.cmd.get("--fit") is not None
+
+    def attempt(ladder: Sequence[str] | None) -> Plan | None:
+        try:
+            return plan(inputs.facts, req.kv, target, policy, ladder=ladder, user_fit_set=user_fit, user_ngl=user_ngl)
+        except SafeLlamaError as err:
+            if err.status != ExitStatus.NOTHING_FITS:
+                raise
+            if ladder is None:
+                notes.append(err.message.removeprefix("safe-llama: "))
+            return None
+
     as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
     if failure.memory and all(a.fits for a in as_asked):
         named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
@@ -290,7 +302,7 @@ def plan_remedies(
             "much is not in the log"
         )
         if not kv_failed:
-            return [], notes, None
+            return [], notes, attempt(None)
         share = policy.failed_alloc_share
         failed_kv = plan_kv(inputs.facts, req.kv).total_bytes
         cap = int(failed_kv * share)
@@ -299,16 +311,6 @@ def plan_remedies(
             f"the {human(failed_kv)} that failed"
         )
         target = replace(target, kv_cap=cap)
-
-    def attempt(ladder: Sequence[str] | None) -> Plan | None:
-        try:
-            return plan(inputs.facts, req.kv, target, policy, ladder=ladder, user_fit_set=user_fit, user_ngl=user_ngl)
-        except SafeLlamaError as err:
-            if err.status != ExitStatus.NOTHING_FITS:
-                raise
-            if ladder is None:
-                notes.append(err.message.removeprefix("safe-llama: "))
-            return None
 
     remedies: list[Remedy] = []
     kv_bytes = plan_kv(inputs.facts, req.kv).total_bytes
