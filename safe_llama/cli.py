@@ -13,7 +13,17 @@ from typing import Any
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.main import get_install_completion_arguments
 
-from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, TOOLS, Argument, Command, Option
+from safe_llama.cmdline.own_options import (
+    COMMANDS,
+    LAUNCH,
+    OPTIONS,
+    ROOT,
+    TOOL_ARGS,
+    TOOLS,
+    Argument,
+    Command,
+    Option,
+)
 
 # Everything after the tool name belongs to llama.cpp, --help included; explain's options may follow the log
 # file, and llama.cpp's own options (-c 65536) are collected as the failed run's.
@@ -70,11 +80,26 @@ def _command(command: Command) -> TyperCommand:
     )
 
 
+def _launch_word(word: str, help_text: str) -> TyperCommand:
+    """A word entry.run launches (a tool, rpc-server): listed and completed like a command, its arguments
+    llama.cpp's."""
+    return TyperCommand(
+        name=word, help=help_text, context_settings=PASSTHROUGH, rich_markup_mode=None, params=[_argument(TOOL_ARGS)]
+    )
+
+
+LAUNCH_WORDS = (
+    *((tool, f"Launch llama-{tool} with settings that fit (llama.cpp's arguments follow).") for tool in TOOLS),
+    ("rpc-server", "Run ggml-rpc-server supervised (its arguments follow)."),
+)
+
+
 def _group() -> TyperGroup:
-    """`safe-llama` itself: its own options, typer's completion options, and every command of the table."""
+    """`safe-llama` itself: its own options, typer's completion options, every command of the table and every
+    word that launches (shell completion offers them all)."""
     return TyperGroup(
         name=ROOT,
-        commands=[_command(command) for command in COMMANDS.values()],
+        commands=[*(_command(command) for command in COMMANDS.values()), *(_launch_word(*w) for w in LAUNCH_WORDS)],
         params=[*map(_option, (o for o in OPTIONS if ROOT in o.commands)), *get_install_completion_arguments()],
         help="Start llama.cpp the first time: predict its memory, pick settings that fit, launch it.",
         epilog=_epilog(),

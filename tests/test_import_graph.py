@@ -29,7 +29,6 @@ NEITHER = {
     "random",
     "datetime",
     "string",
-    "shlex",
     "typer",
     "click",
     "psutil",
@@ -59,6 +58,7 @@ PLAN_MODULES = {
     *("device.probe_vulkan", "device.probing", "device.proc", "device.profiles", "device.self_check"),
     *("device.target_device", "device.vendor_free", "device.vulkan_limits"),
     *("device.ledger", "device.reservations"),  # the plan lists other launches and plans beside them
+    *("cmdline.bundled_chat", "model.bundled"),  # the bundled model, however named: its chat options (shlex too)
     *("model", "model.arch", "model.cache_types", "model.facts", "model.facts_cache", "model.gguf_constants"),
     *("model.gguf_header", "model.hparams", "model.kv", "model.sparse"),
     *("plan", "plan.allocation_words", "plan.compute", "plan.lessons", "plan.memory", "plan.planner", "plan.policy"),

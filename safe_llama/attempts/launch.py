@@ -20,7 +20,7 @@ from safe_llama.attempts.attempt import LaunchRecord, Supervision, remember_kill
 from safe_llama.attempts.say import Say
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.messages import WORKER_GONE
-from safe_llama.paths import cache_dir
+from safe_llama.paths import cache_dir, configs_dir
 from safe_llama.process.sdnotify import Notifier, child_env
 from safe_llama.state import check_cache
 from safe_llama.units import human
@@ -60,6 +60,19 @@ def _remember_key(prepared: Prepared, binary: Path) -> str:
     return remember.key(identity)
 
 
+# failures llama.cpp ends with a line that names no remedy (a busy port: `couldn't bind HTTP server socket`,
+# then exit 1): safe-llama says explain's words for them in one line
+_SAID_AT_EXIT = ("http-bind",)
+
+
+def _in_words(signature_id: str, line: str | None, env: Mapping[str, str]) -> str:
+    """explain's what, the line that decided, why and the fix (configs/explain.toml), as one line."""
+    from safe_llama.diagnosis.explain_words import load_words
+
+    words = load_words(configs_dir(env) / "explain.toml").for_signature(signature_id, "not_memory")
+    return f"{words['what']} ({' '.join((line or signature_id).split())}): {words['why']}; {words['fix']}"
+
+
 def run_attempts(
     tool: str,
     args: Sequence[str],
@@ -86,7 +99,7 @@ def run_attempts(
     if unusable is not None:
         options = replace(options, remember=False)
         say(f"{unusable}: running without caching or remembering plans", "warning")
-    binary = find_binary(tool, env=env, explicit=options.plan.llama_bin)
+    binary = find_binary(tool, env=env, explicit=options.plan.llama_bin, explicit_from=options.plan.llama_bin_from)
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
@@ -211,6 +224,9 @@ def _attempts(
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
             remember_kill(prepared, digest, outcome.killed_for_memory, env, say)
         verdict = loop.observe(outcome)
+        failure = outcome.failure
+        if isinstance(verdict, Exit) and failure is not None and failure.signature_id in _SAID_AT_EXIT:
+            say(_in_words(failure.signature_id, failure.line, env), "error")
         if isinstance(verdict, FindWorker):
             found = workers.lost_worker(verdict.remote, verdict.fullness)
             assert found is not None

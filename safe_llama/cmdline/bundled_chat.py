@@ -7,7 +7,6 @@ table; must not decide whether the bundled model is used (model_source does) or 
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from safe_llama.cmdline.llama_args import arg_table, parse
 from safe_llama.errors import ExitStatus, SafeLlamaError
+from safe_llama.state import load_toml
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,14 @@ def parse_chat_defaults(raw: Mapping[str, Any], where: str) -> ChatDefaults:
     return ChatDefaults(tuple(tools), tuple(_option(o, where) for o in options))
 
 
-def load_chat_defaults(path: Path) -> ChatDefaults:
-    """The bundled model's chat options (configs/bundled-model.toml): read only for a launch that names no model,
-    so tomllib is imported here, not on every plan's way."""
-    import tomllib
-
+def load_chat_defaults(path: Path, keep_in: Path | None = None) -> ChatDefaults:
+    """The bundled model's chat options (configs/bundled-model.toml), read for a launch of the bundled model;
+    keep_in: the cache folder where its parse is kept (state.load_toml), so tomllib is not imported then."""
     try:
-        return parse_chat_defaults(tomllib.loads(path.read_text(encoding="utf-8")), str(path))
+        return parse_chat_defaults(load_toml(path, keep_in), str(path))
     except OSError as err:
         raise SafeLlamaError(f"safe-llama: {path}: {err.strerror}", ExitStatus.BAD_CONFIG) from None
-    except tomllib.TOMLDecodeError as err:
+    except ValueError as err:  # tomllib.TOMLDecodeError, or an untrusted folder
         raise SafeLlamaError(f"safe-llama: {path}: {err}", ExitStatus.BAD_CONFIG) from None
 
 
@@ -77,6 +75,8 @@ def chat_options(
 ) -> tuple[list[str], str | None]:
     """The options to add to a command line that runs the bundled model, and the line saying so (None when
     none is added: another tool, or the user set each of them)."""
+    import shlex  # only when the chat's words are said
+
     if tool not in defaults.tools:
         return [], None
     cmd = parse(tool, args, env)

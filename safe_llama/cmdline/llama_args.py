@@ -4,6 +4,10 @@ Owns the option table (configs/llama-args.json, extracted from the pinned common
 environment twins, and argv rewriting. Pure: takes argv and env as values; must not run anything.
 Values are NamedTuples, not dataclasses: this module runs before every pass-through exec, and importing
 dataclasses (inspect with it) costs more than the whole parse.
+
+Over 400 lines on purpose: reading a value as llama.cpp does (std::stoi, std::stof, the handlers' own
+readers), the parse that refuses what llama.cpp refuses, and the values it reads as another number are one
+reading of one table; split, each part would import the others.
 """
 
 from __future__ import annotations
@@ -250,6 +254,29 @@ def parse(tool: str, argv: Sequence[str], env: Mapping[str, str], table: ArgTabl
     return CommandLine(
         tool, tuple(argv), settings, tuple(unknown), tuple(overridden), tuple(errors), tuple(rejected_at)
     )
+
+
+def misread_numbers(cmd: CommandLine, table: ArgTable | None = None) -> tuple[str, ...]:
+    """One line for each whole-number value llama.cpp reads as another number (std::stoi stops at the first
+    character that is not a digit: -c 4k is 4, 0x10 is 0), naming where it was set (the option as typed, or
+    its LLAMA_ARG_* variable)."""
+    table = table or arg_table(cmd.tool)
+    specs = {spec.key: spec for spec in table.specs}
+    lines = []
+    for setting in cmd.settings.values():
+        spec = specs.get(setting.key)
+        if spec is None or spec.value_type != "int" or not isinstance(setting.value, str):
+            continue
+        text = setting.value.lstrip(_C_SPACE)
+        found = _INT_RE.match(text)
+        if found is None or found.end() == len(text):
+            continue  # a number as written, or one llama.cpp refuses (usage_errors says it)
+        if setting.source == "argv" and setting.argv_index is not None:
+            where = f"{cmd.argv[setting.argv_index]} {setting.value}"
+        else:
+            where = f"{setting.source}={setting.value}"
+        lines.append(f"{where} is read by llama.cpp as {int(found.group(0))}")
+    return tuple(lines)
 
 
 def read_gpu_layers(value: str) -> int:

@@ -49,7 +49,8 @@ from safe_llama.diagnosis.remedies import (
 )
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.plan.policy import Policy
-from safe_llama.plan.target import Probed, kv_splits
+from safe_llama.plan.target import Probed, Target, kv_splits
+from safe_llama.units import human
 
 if TYPE_CHECKING:
     from safe_llama.pipeline.prepare import Prepared
@@ -187,8 +188,9 @@ def explain(
         why += [identity] if identity else []
         remedies += [
             *planned,
-            *([] if kv_failed else stage_remedies(stage or "", run)),
-            safe_llama_remedy(run, whole),
+            # shown when a plan fits (nothing fits: the notes say how much memory would)
+            *([] if kv_failed or whole is None else stage_remedies(stage or "", run)),
+            *([safe_llama_remedy(run, whole)] if whole is not None else []),
         ]
         notes += plan_notes
     else:
@@ -477,7 +479,42 @@ def _model_inputs(
             raise
         return None, f"no exact plan ({err.message.removeprefix('safe-llama: ')}): working from the log's numbers"
     target, _ = log_target(reading.facts, failure, policy)
-    return Prepared(cmd, request, run.model_path, facts, target, None, None, None, None, layout, notes), None
+    said = None
+    if not target.on_gpu and reading.facts.address_space_limit is None:
+        target, said = _this_machine(target, policy)
+    return Prepared(cmd, request, run.model_path, facts, target, None, None, None, None, layout, notes), said
+
+
+def _this_machine(logged: Target, policy: Policy) -> tuple[Target, str]:
+    """A host log that names no memory limit: this machine's limits instead (RAM, cgroup, ulimit -v: what a
+    command pasted here meets), and the line that says which."""
+    from safe_llama.device.host_budget import host_budget
+    from safe_llama.device.probe_host import probe_host
+    from safe_llama.plan.target import target_policy
+
+    budget = host_budget(probe_host())
+    probed = replace(
+        logged.probed,
+        host_budget=budget.budget_bytes,
+        address_space_budget=any(limit.kind == "address space" for limit in budget.limits)
+        or "RLIMIT_AS" in budget.budget_bytes.detail,
+        host_limits=budget.limits,
+    )
+    limit = budget.budget_bytes
+    return Target.of(probed, target_policy(policy, probed), logged.lessons), (
+        f"the log names no memory limit: planned against this machine's, {human(limit.value)} ({limit.detail})"
+    )
+
+
+def _program(tool: str, env: Mapping[str, str]) -> str:
+    """What a remedy's command runs: the llama.cpp tool a launch here would run, by its full path, else
+    safe-llama's drop-in (a bare llama-server is on no PATH after the set-up)."""
+    from safe_llama.device.binaries import find_binary
+
+    try:
+        return str(find_binary(tool, env=env))
+    except SafeLlamaError:
+        return f"safe-llama-{tool}"
 
 
 def own_words(table: OwnTable) -> dict[str, Mapping[str, str]]:
@@ -550,6 +587,7 @@ def run_explain(
 
     def explained(reading: LogReading) -> Explanation:
         run = failed_run(reading.facts, args=args, model=model, tool=tool)
+        run = replace(run, program=_program(run.tool, env))
         prepared = note = None
         if reading.failure is not None and reading.failure.memory:
             prepared, note = _model_inputs(run, reading, policy, env)

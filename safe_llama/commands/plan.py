@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from safe_llama.cmdline.llama_args import parse, redact_argv
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.model_source import ModelSource, resolve
-from safe_llama.errors import ModelNotOnDisk
+from safe_llama.errors import ExitStatus, ModelNotOnDisk
 from safe_llama.model.kv import plan_kv
 from safe_llama.pipeline.prepare import PlanOptions, context_note, final_argv, prepare
 from safe_llama.plan import render
@@ -51,6 +51,10 @@ def plan_command(
     unusable = check_cache(cache_dir(env))
     if unusable is not None:
         sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
+    refused = parse(tool, args, env).usage_errors
+    if refused:  # llama.cpp's parser stops there: no plan would be used
+        sys.stderr.write(f"safe-llama: llama-{tool} refuses this command line: error: {refused[0]}\n")
+        return int(ExitStatus.USAGE)
     try:
         prepared = prepare(tool, args, env, options)
     except ModelNotOnDisk as missing:
@@ -68,7 +72,7 @@ def plan_command(
         model_path=prepared.model_path,
         facts=prepared.facts,
         kv=kv,
-        bundled=prepared.source is None,
+        bundled=prepared.bundled,
     )
     result["model"]["source"] = _source_json(prepared.source)
     result["model"]["downloaded"] = prepared.source is None or prepared.source.on_disk

@@ -26,11 +26,14 @@ def find_binary(
     *,
     env: Mapping[str, str],
     explicit: str | None = None,
+    explicit_from: str = "--llama-bin",
     config_bin_dir: str | None = None,
     own: Sequence[str] | None = None,
 ) -> Path:
     """The real binary for `tool`; 127 when there is none, 126 when it is not executable."""
-    return locate_binary(tool, env=env, explicit=explicit, config_bin_dir=config_bin_dir, own=own)[0]
+    return locate_binary(
+        tool, env=env, explicit=explicit, explicit_from=explicit_from, config_bin_dir=config_bin_dir, own=own
+    )[0]
 
 
 def locate_binary(
@@ -38,16 +41,18 @@ def locate_binary(
     *,
     env: Mapping[str, str],
     explicit: str | None = None,
+    explicit_from: str = "--llama-bin",
     config_bin_dir: str | None = None,
     own: Sequence[str] | None = None,
 ) -> tuple[Path, str]:
-    """The real binary for `tool` and where it was found (the reason it was chosen)."""
+    """The real binary for `tool` and where it was found (the reason it was chosen). explicit_from: where
+    `explicit` was set (the option, the SAFE_LLAMA_BIN_DIR variable, the config file), named by an error."""
     name = TOOL_BINARY[tool]
     own = own_paths() if own is None else own
     candidates: list[tuple[str, Path]] = []
     if explicit:
         given = Path(explicit)
-        candidates.append(("--llama-bin", given / name if given.is_dir() else given))
+        candidates.append((explicit_from, given / name if given.is_dir() else given))
     if env.get("SAFE_LLAMA_BIN_DIR"):
         candidates.append(("SAFE_LLAMA_BIN_DIR", Path(env["SAFE_LLAMA_BIN_DIR"]) / name))
     if config_bin_dir:

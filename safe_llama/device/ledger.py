@@ -137,6 +137,18 @@ def read_all(env: Mapping[str, str], proc: Path = Path("/proc"), *, but: int | N
     )
 
 
+def snapshot(
+    env: Mapping[str, str], proc: Path = Path("/proc"), *, but: int | None = None
+) -> tuple[tuple[Launch, ...], dict[int, tuple[int, ...]], dict[int, int]]:
+    """The other live launches (all but pid `but`), their children, and the resident bytes of both."""
+    launches = read_all(env, proc, but=but)
+    if not launches:
+        return (), {}, {}
+    kids = children([launch.pid for launch in launches], proc)
+    pids = [pid for launch in launches for pid in (launch.pid, *kids.get(launch.pid, ()))]
+    return launches, kids, resident(pids, proc)
+
+
 def live(folder_list: Sequence[Path], proc: Path = Path("/proc")) -> dict[str, tuple[Launch, ...]]:
     """The live launches by device key ("" for those that hold nothing on a device)."""
     out: dict[str, list[Launch]] = {}

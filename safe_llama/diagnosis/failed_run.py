@@ -28,6 +28,8 @@ class FailedRun:
     model_from: str
     n_ctx: int | None  # the cells the failed allocation was sized for (padded, as llama.cpp did)
     n_ctx_from: str
+    # what a remedy's command runs: the tool's full path here (explain's shell finds it), else its bare name
+    program: str | None = None
 
 
 def failed_run(facts: LogFacts, *, args: Sequence[str], model: str | None, tool: str | None) -> FailedRun:

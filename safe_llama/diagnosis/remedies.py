@@ -44,6 +44,8 @@ class FailedCommand(Protocol):
     def env(self) -> Mapping[str, str]: ...
     @property
     def n_ctx(self) -> int | None: ...  # the cells the failed allocation was sized for
+    @property
+    def program(self) -> str | None: ...  # the tool's full path, when known
 
 
 class LogMachine(Protocol):
@@ -128,7 +130,7 @@ def ready_command(
     if argv is None:
         argv = rewrite(parse(run.tool, run.args, {}), changes)
     words = [f"{k}={shlex.quote(v)}" for k, v in redact_env({**run.env, **env}).items()]
-    words.append(TOOL_BINARY[run.tool])
+    words.append(shlex.quote(run.program or TOOL_BINARY[run.tool]))
     words += [shlex.quote(a) for a in redact_argv(argv)]
     return " ".join(words)
 
@@ -268,32 +270,14 @@ def plan_remedies(
 ) -> tuple[list[Remedy], list[str], Plan | None]:
     """What would fit, planned exactly from the model's facts against `target` (the limit learned from the
     log included): each step of the backend's ladder on its own, then the whole ladder (what safe-llama
-    would launch). When the command fits this machine as asked, the failed run had less memory: if the KV
-    cache was what failed (`kv_failed`), the plans keep it under the policy's share of the one that failed."""
+    would launch; None when nothing fits). When the command fits this machine as asked, the failed run had less
+    memory: if the KV cache was what failed (`kv_failed`), the plans keep it under the policy's share of the one
+    that failed."""
     notes: list[str] = []
     req = inputs.request
     ngl = req.n_gpu_layers
     user_ngl = int(ngl) if ngl is not None and ngl.lstrip("-").isdigit() and int(ngl) >= 0 else None
     user_fit = inputs.cmd.get("--fit") is not None
-    as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
-    if failure.memory and all(a.fits for a in as_asked):
-        named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
-        notes.append(
-            "as asked, the command fits "
-            + (f"every limit the log names ({'; '.join(named)})" if named else "everything the log says of its machine")
-            + ": that run had less memory than it needed (a ulimit -v, a cgroup limit, other programs), and how "
-            "much is not in the log"
-        )
-        if not kv_failed:
-            return [], notes, None
-        share = policy.failed_alloc_share
-        failed_kv = plan_kv(inputs.facts, req.kv).total_bytes
-        cap = int(failed_kv * share)
-        notes.append(
-            f"the plans keep the KV cache at or under {human(cap)}, {share.numerator}/{share.denominator} of "
-            f"the {human(failed_kv)} that failed"
-        )
-        target = replace(target, kv_cap=cap)
 
     def attempt(ladder: Sequence[str] | None) -> Plan | None:
         try:
@@ -304,6 +288,30 @@ def plan_remedies(
             if ladder is None:
                 notes.append(err.message.removeprefix("safe-llama: "))
             return None
+
+    as_asked = allocations(inputs.facts, LlamaSettings(kv=req.kv, n_gpu_layers=user_ngl), target, policy)
+    if failure.memory and all(a.fits for a in as_asked):
+        named = [limit_words(a) for a in as_asked if a.limit < UNKNOWN_HOST // 2]
+        notes.append(
+            "as asked, the command fits "
+            + (
+                f"every limit planned against ({'; '.join(named)})"
+                if named
+                else "everything the log says of its machine"
+            )
+            + ": that run had less memory than it needed (a ulimit -v, a cgroup limit, other programs), and how "
+            "much is not in the log"
+        )
+        if not kv_failed:
+            return [], notes, attempt(None)
+        share = policy.failed_alloc_share
+        failed_kv = plan_kv(inputs.facts, req.kv).total_bytes
+        cap = int(failed_kv * share)
+        notes.append(
+            f"the plans keep the KV cache at or under {human(cap)}, {share.numerator}/{share.denominator} of "
+            f"the {human(failed_kv)} that failed"
+        )
+        target = replace(target, kv_cap=cap)
 
     remedies: list[Remedy] = []
     kv_bytes = plan_kv(inputs.facts, req.kv).total_bytes

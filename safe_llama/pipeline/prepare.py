@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safe_llama.cmdline.llama_args import CommandLine, parse, rewrite
+from safe_llama.cmdline.llama_args import CommandLine, misread_numbers, parse, rewrite
 from safe_llama.cmdline.memory_flags import Draft, Layout, gpu_layers
 from safe_llama.cmdline.model_source import ModelSource, resolve, resolve_hf
 from safe_llama.cmdline.request import Request, to_request
@@ -50,6 +50,7 @@ class PlanOptions:
     min_ctx: int | None = None
     declared: DeclaredLimits = field(default_factory=DeclaredLimits)
     llama_bin: str | None = None
+    llama_bin_from: str = "--llama-bin"  # where llama_bin was set: the option, its variable, the config file
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
     share: float | None = None  # --share: at most this part of the device's and the host's memory
@@ -88,6 +89,13 @@ class Prepared:
     others: Others = NO_OTHERS  # the other safe-llama launches on this machine (the ledger) and what they reserved
     device_key: str = ""  # the device's key in the ledger (device.reservations.device_key)
     cgroup_dir: str = ""  # the cgroup folder whose limit the plan keeps to ("" none)
+    bundled: bool = False  # the model is the bundled one (no source given, or its file under another name)
+
+
+def _is_bundled(path: str, env: Mapping[str, str]) -> bool:
+    from safe_llama.model.bundled import is_bundled_model
+
+    return is_bundled_model(path, env)
 
 
 def model_path_for(source: ModelSource | None, env: Mapping[str, str]) -> str:
@@ -174,6 +182,7 @@ def _prepare(
     tool: str, args: Sequence[str], env: Mapping[str, str], options: PlanOptions, binary: Path | None,
     nvml: NvmlRead | None,
 ) -> Prepared:  # fmt: skip
+    from safe_llama.device import ledger
     from safe_llama.device.binaries import find_binary
     from safe_llama.device.probing import probe_devices
 
@@ -182,33 +191,40 @@ def _prepare(
     servers = rpc if isinstance(rpc, str) and rpc else None
     source = resolve(cmd, env)
     announce: tuple[str, ...] = ()
-    if source is None:  # the bundled model: in a chat, what it needs for each reply to end
+    not_downloaded = source is not None and not source.on_disk  # its header is read where llama.cpp downloads it
+    if not not_downloaded:
+        path = model_path_for(source, env)
+    bundled = source is None or (not not_downloaded and _is_bundled(path, env))
+    if bundled:  # the bundled model, however named: in a chat, what it needs for each reply to end
         from safe_llama.cmdline.bundled_chat import chat_options, load_chat_defaults
 
-        added, line = chat_options(tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml"))
+        added, line = chat_options(
+            tool, args, env, load_chat_defaults(configs_dir(env) / "bundled-model.toml", cache_dir(env))
+        )
         if line is not None:
             args, announce = [*args, *added], (line,)
             cmd = parse(tool, args, env)
-    announce += key_warnings(cmd)
+    announce += misread_numbers(cmd) + key_warnings(cmd)
     req = to_request(cmd)
     remote_mmproj = 0
-    if source is not None and not source.on_disk:  # its header, read where llama.cpp downloads it from
+    if not_downloaded:
         from safe_llama.pipeline.remote_header import read_remote
 
+        assert source is not None
         remote = read_remote(source, cmd, env)
         path, facts, remote_mmproj = remote.url, remote.facts, remote.mmproj_bytes
         announce = (remote.line(source.spec, cmd.tool), *announce)
     else:
-        path = model_path_for(source, env)
         facts = facts_for(path, env)
     layout, notes = layout_for(req, source, env, remote_mmproj_bytes=remote_mmproj)
     try:
-        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin)
+        binary = binary or find_binary(tool, env=env, explicit=options.llama_bin, explicit_from=options.llama_bin_from)
     except SafeLlamaError:
         if options.llama_bin:
             raise
         binary = None  # planning without a binary: the declared limits and the host budget only
-    launches, children, resident = _ledger(env)  # before the probes: what is resident now is charged by then
+    # before the probes: what is resident now is charged by then
+    launches, children, resident = ledger.snapshot(env, but=os.getpid())
     report = probe_devices(
         binary=binary, command=cmd, env=env, declared=options.declared, opencl_always=False, rpc_servers=servers,
         nvml=nvml,
@@ -233,13 +249,13 @@ def _prepare(
         target.backend, target.device, reading.uuid if reading else None, report.target.pci_bdf
     ) if target.on_gpu else ""  # fmt: skip
     gpu_use = dict(reading.processes) if reading is not None and reading.processes is not None else None
-    if gpu_use and launches and _foreign(gpu_use):
+    if gpu_use and launches and ledger.foreign(list(gpu_use)):
         gpu_use = None  # NVML's pids are another namespace's: matched to no launch
     seen = others(launches, visible_of(children, resident, gpu_use), device=key, cgroup=report.host.cgroup_dir or "")
     target = _shared(target, seen, options.share, report.host)
     prepared = Prepared(
         cmd, req, path, facts, target, binary, None, None, source, layout, notes, announce, report.target, seen, key,
-        report.host.cgroup_dir or "",
+        report.host.cgroup_dir or "", bundled,
     )  # fmt: skip
     return replan(prepared, options, Lessons(), env)
 
@@ -256,24 +272,6 @@ def probed_target(report: DeviceReport, options: PlanOptions, env: Mapping[str, 
         kv_split=options.kv_split,
         malloc_arena_max_set="MALLOC_ARENA_MAX" in env,
     )
-
-
-def _ledger(env: Mapping[str, str]) -> tuple[tuple[Launch, ...], dict[int, tuple[int, ...]], dict[int, int]]:
-    """The other live launches in the ledger, their children, and the resident bytes of both."""
-    from safe_llama.device import ledger
-
-    launches = ledger.read_all(env, but=os.getpid())
-    if not launches:
-        return (), {}, {}
-    children = ledger.children([launch.pid for launch in launches])
-    pids = [pid for launch in launches for pid in (launch.pid, *children.get(launch.pid, ()))]
-    return launches, children, ledger.resident(pids)
-
-
-def _foreign(gpu_use: Mapping[int, int]) -> bool:
-    from safe_llama.device import ledger
-
-    return ledger.foreign(list(gpu_use))
 
 
 def _arrived(env: Mapping[str, str], known: Sequence[Launch]) -> tuple[Launch, ...]:

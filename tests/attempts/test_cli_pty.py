@@ -43,7 +43,8 @@ def test_prompt_answer_ctrl_c(tmp_path: Path, llama_bin: Path, bundled_model: Pa
 @pytest.mark.slow
 def test_the_bundled_chat_ends_by_itself(tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]) -> None:
     """The README's first example as a user types it: no model, no -n. Each reply must end by itself (llama.cpp's
-    prompt comes back) without the ChatML markers the model writes as text; the line saying why is shown."""
+    prompt comes back) without the stop string the model writes to start the next turn; the line saying why is
+    shown."""
     exe = str(console_script("safe-llama-cli"))
     env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path), "TERM": "xterm"}
     child = pexpect.spawn(exe, ["-c", "2048", "--seed", "42"], env=env, timeout=120, dimensions=(40, 120))
@@ -64,4 +65,4 @@ def test_the_bundled_chat_ends_by_itself(tmp_path: Path, llama_bin: Path, clean_
     assert "so each reply ends by itself" in said
     for reply in replies:
         assert "[ Prompt:" in reply  # llama-cli's footer: the reply ended and the prompt came back
-        assert "<|im_end|>" not in reply and "<|im_start|>" not in reply
+        assert "<|im_end|>" not in reply and "USER:" not in reply  # the stop string ended it, left out

@@ -545,3 +545,25 @@ def test_an_early_start_killed_for_memory_once_ready_drops_its_record(
     monkeypatch.setattr(launch, "run_attempt", lambda *args, **kwargs: outcome)
     assert launch.adopted(adopted, []) == outcome.exit_code
     assert record_file.exists() is kept
+
+
+@pytest.mark.slow
+def test_a_busy_port_is_said_in_one_line(env: dict[str, str]) -> None:
+    """A second server on a port another program holds: llama-server's own line and exit 1, then safe-llama's
+    one line naming the cause and the fix (issue 38: nothing from safe-llama)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = safe_llama(["server", "-c", "512", "--host", "127.0.0.1", "--port", str(port)], env)
+        _, err = proc.communicate(timeout=120)
+    said = [line for line in err.decode(errors="replace").splitlines() if "could not listen" in line]
+    assert proc.returncode == 1
+    assert said == [
+        "safe-llama: llama-server could not listen on its address (srv start: couldn't bind HTTP server socket, "
+        f"hostname: 127.0.0.1, port: {port}): another program (perhaps another llama-server) already uses the "
+        "port, or the address is not one of this machine's; choose another --port, or find and stop what holds it "
+        "(ss -ltnp)"
+    ]

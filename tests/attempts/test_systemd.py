@@ -32,6 +32,17 @@ def test_unit_passes_systemd_analyze_verify() -> None:
     assert done.stderr.strip() == ""
 
 
+def test_the_unit_and_the_readme_say_when_ready_is_sent() -> None:
+    """READY=1 follows process.readiness.HealthProbe: /slots answering 200, not /health (issue 38: the unit's
+    comment said /health, the README /slots)."""
+    from safe_llama.process.readiness import HealthProbe
+
+    assert "/slots" in (HealthProbe.__doc__ or "")
+    ready = next(line for line in UNIT.read_text().splitlines() if "READY=1" in line)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "/slots answers 200" in ready and "READY once the server serves (its task loop answers `/slots`" in readme
+
+
 def test_unit_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     bad = _unit_with("/bin/true", tmp_path)
     bad.write_text(bad.read_text().replace("Type=notify", "Type=bogus"))

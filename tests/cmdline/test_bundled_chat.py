@@ -4,6 +4,7 @@ where the user set none of them. The chat ending by itself is tests/attempts/tes
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import time
@@ -19,7 +20,7 @@ from tests.conftest import console_script
 from tests.llama_run import free_port, healthy
 
 DEFAULTS = load_chat_defaults(packaged_configs() / "bundled-model.toml")
-ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
+ALL = ["--no-jinja", "--chat-template", "vicuna", "-r", "USER:", "-n", "256"]
 
 
 @pytest.mark.parametrize(
@@ -28,12 +29,14 @@ ALL = ["-r", "<|im_end|>", "-r", "<|im_start|>", "-n", "256"]
         pytest.param("cli", [], {}, ALL, id="cli"),
         pytest.param("server", ["--port", "8080"], {}, ALL, id="server"),
         pytest.param("completion", [], {}, [], id="completion: no chat"),
-        pytest.param("cli", ["-n", "32"], {}, ALL[:4], id="the user's -n"),
-        pytest.param("cli", ["--predict", "32"], {}, ALL[:4], id="the user's -n, long name"),
-        pytest.param("server", [], {"LLAMA_ARG_N_PREDICT": "32"}, ALL[:4], id="the user's -n as a variable"),
-        pytest.param("cli", ["--chat-template", "gemma"], {}, ALL[4:], id="the user's template"),
-        pytest.param("cli", ["--chat-template-file", "t.jinja"], {}, ALL[4:], id="the user's template file"),
-        pytest.param("cli", ["-r", "User:"], {}, ALL[4:], id="the user's stop string"),
+        pytest.param("cli", ["-n", "32"], {}, ALL[:5], id="the user's -n"),
+        pytest.param("cli", ["--predict", "32"], {}, ALL[:5], id="the user's -n, long name"),
+        pytest.param("server", [], {"LLAMA_ARG_N_PREDICT": "32"}, ALL[:5], id="the user's -n as a variable"),
+        pytest.param("cli", ["--chat-template", "gemma"], {}, ALL[5:], id="the user's template"),
+        pytest.param("cli", ["--chat-template-file", "t.jinja"], {}, ALL[5:], id="the user's template file"),
+        pytest.param("server", ["--jinja"], {}, ALL[5:], id="the user's Jinja"),
+        pytest.param("server", [], {"LLAMA_ARG_JINJA": "1"}, ALL[5:], id="the user's Jinja as a variable"),
+        pytest.param("cli", ["-r", "User:"], {}, ALL[5:], id="the user's stop string"),
         pytest.param("cli", ["-r", "x", "-n", "9"], {}, [], id="all the user's"),
     ],
 )
@@ -43,7 +46,7 @@ def test_options_added_only_where_the_user_set_none(
     options, line = chat_options(tool, args, env, DEFAULTS)
     assert options == added
     if added:
-        assert line is not None and line.startswith(" ".join(f"'{a}'" if "<" in a else a for a in added) + ": ")
+        assert line is not None and line.startswith(shlex.join(added) + ": ")
         assert "ends by itself" in line
     else:
         assert line is None
@@ -55,29 +58,36 @@ def test_a_bad_table_names_the_file() -> None:
 
 
 @pytest.mark.slow
-def test_the_bundled_servers_chat_completion_ends_by_itself(
-    tmp_path: Path, llama_bin: Path, clean_env: dict[str, str]
+def test_the_bundled_servers_chat_completions_are_never_empty(
+    tmp_path: Path, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]
 ) -> None:
-    """/v1/chat/completions without stop or max_tokens, as a newcomer's first request: the reply stops at the
-    model's ChatML end-of-turn text, which is not in the reply."""
+    """Ten identical /v1/chat/completions "Hello" without stop or max_tokens, as a newcomer's first requests, to
+    the bundled model named by its path (issue 38): none is empty (with ChatML and its end of turn as the stop,
+    about half were: the model's first text was "<|im_end|>"), the stop string is not in them, and llama.cpp
+    warns of no repeated option."""
     port = free_port()
     env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path)}
-    argv = [str(console_script("safe-llama-server")), "-c", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [str(console_script("safe-llama-server")), "-m", str(bundled_model), "-c", "2048", "--host", "127.0.0.1",
+            "--port", str(port)]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    answers = []
     try:
         deadline = time.monotonic() + 180
         while not healthy(port) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "seed": 42}).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - http://127.0.0.1
-            answer = json.loads(response.read())
+        for seed in range(1, 11):
+            body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "seed": seed}).encode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=240) as response:  # noqa: S310 - http://127.0.0.1
+                answers.append(json.loads(response.read())["choices"][0])
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    choice = answer["choices"][0]
-    assert choice["finish_reason"] == "stop"  # not "length": a stop string ended it, not the cap
-    assert "<|im_end|>" not in choice["message"]["content"] and "<|im_start|>" not in choice["message"]["content"]
-    assert "so each reply ends by itself" in err
+    replies = [(c["message"]["content"], c["finish_reason"]) for c in answers]
+    assert [reply for reply in replies if not reply[0].strip()] == [], replies  # none empty, nor only spaces
+    assert all("USER:" not in text for text, _ in replies), replies  # the stop string is left out
+    # most end at the stop string; one that never writes it ends at the 256-token cap ("length")
+    assert sum(ending == "stop" for _, ending in replies) >= 8, replies
+    assert "so each reply ends by itself" in err and "DEPRECATED" not in err

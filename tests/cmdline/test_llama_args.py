@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.cmdline.llama_args import parse, redact_argv, redact_env, rewrite
+from safe_llama.cmdline.llama_args import misread_numbers, parse, redact_argv, redact_env, rewrite
 from safe_llama.paths import packaged_configs, pinned_bin_dir
 from tests import ROOT
 
@@ -124,3 +124,18 @@ def test_secrets_come_from_configs_with_every_alias() -> None:
     assert redact_env({"MY_SERVICE_TOKEN": "t", "HF_TOKEN": "h", "PATH": "/bin"}) == {
         "MY_SERVICE_TOKEN": REDACTED, "HF_TOKEN": REDACTED, "PATH": "/bin"
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "lines"),
+    [
+        pytest.param(["-c", "4k"], {}, ("-c 4k is read by llama.cpp as 4",), id="4k"),
+        pytest.param(["--ctx-size", "0x1000"], {}, ("--ctx-size 0x1000 is read by llama.cpp as 0",), id="hex"),
+        pytest.param([], {"LLAMA_ARG_CTX_SIZE": "8K"}, ("LLAMA_ARG_CTX_SIZE=8K is read by llama.cpp as 8",), id="env"),
+        pytest.param(["-c", "4096", "-np", " 2"], {}, (), id="numbers as written"),
+        pytest.param(["-c", "abc"], {}, (), id="refused, not misread"),
+        pytest.param(["--chat-template", "4k"], {}, (), id="not a number option"),
+    ],
+)
+def test_numbers_llama_cpp_reads_as_another(argv: list[str], env: dict[str, str], lines: tuple[str, ...]) -> None:
+    assert misread_numbers(parse("server", argv, env)) == lines

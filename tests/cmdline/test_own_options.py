@@ -9,7 +9,7 @@ import pytest
 
 from safe_llama import cli
 from safe_llama.cmdline import own_options
-from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, Option, read
+from safe_llama.cmdline.own_options import COMMANDS, LAUNCH, OPTIONS, ROOT, TOOLS, Option, read
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from tests import ROOT as REPO
 
@@ -55,7 +55,7 @@ def test_the_help_declares_exactly_the_table_s_options() -> None:
         assert declared == set(own_options.options_of(command.name)), command.name  # and click's own --help
     root = {name for p in GROUP.params for name in p.opts}
     assert root == set(own_options.options_of(ROOT)) | {"--install-completion", "--show-completion"}  # typer's
-    assert list(GROUP.commands) == list(COMMANDS)
+    assert list(GROUP.commands) == [*COMMANDS, *TOOLS, "rpc-server"]  # the words that launch: listed, completed
 
 
 DOORS = ["safe_llama/entry.py", "safe_llama/cli.py", "safe_llama/cmdline/launch_args.py",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -432,3 +433,44 @@ def test_an_hf_model_llama_cpp_found_no_file_for_points_at_safe_llamas_line(clea
     assert code == 0, text
     assert text.startswith("What   llama-completion failed to start: llama.cpp had no model to load")
     assert "safe-llama's line before it says why the model's header could not be read" in text
+
+
+def _under_ulimit_v(kib: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (kib * 1024, kib * 1024))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kib", [pytest.param(400000, id="kv failed"), pytest.param(800000, id="compute failed")])
+def test_remedies_work_when_copied(
+    tmp_path: Path, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], kib: int
+) -> None:
+    """issue 38's case: bare llama-completion -c 100000 under ulimit -v 400000 (the KV cache's allocation
+    fails; at 800000 the compute buffers'), a log that names no limit. explain under the same limit plans
+    against this machine's (said), offers no command (nothing fits: at least 1 GiB of address space,
+    llama-completion's 262,144-token logits included) and says how much would; without the limit, each
+    command names the binary by its full path and the first one, pasted, starts."""
+    log = tmp_path / "c100k.log"
+    argv = [str(llama_bin / "llama-completion"), "-m", str(bundled_model), "-c", "100000", "-p", "Hi", "-n", "1",
+            "-no-cnv"]  # fmt: skip
+    with log.open("wb") as out:
+        failed = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=clean_env, timeout=120,
+                                preexec_fn=lambda: _under_ulimit_v(kib), check=False)  # fmt: skip
+    assert failed.returncode == 1
+    env = {**clean_env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    explain_argv = [sys.executable, "-m", "safe_llama", "explain", str(log)]
+    limited = subprocess.run(explain_argv, capture_output=True, text=True, env=env, timeout=120,
+                             preexec_fn=lambda: _under_ulimit_v(kib), check=False)  # fmt: skip
+    assert "$ " not in limited.stdout
+    assert "note: the log names no memory limit: planned against this machine's, " in limited.stdout
+    assert "(RLIMIT_AS (ulimit -v) of the whole llama.cpp process)" in limited.stdout
+    assert "note: nothing fits: even at -c 4096" in limited.stdout and "GiB at -c 4096 is above its" in limited.stdout
+    free = subprocess.run(explain_argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    commands = [line.strip()[2:] for line in free.stdout.splitlines() if line.strip().startswith("$ ")]
+    assert commands and all(c.startswith((f"{llama_bin}/llama-completion ", "safe-llama ")) for c in commands)
+    pasted = subprocess.run(
+        [*shlex.split(commands[0]), "-p", "Hi", "-n", "1", "-no-cnv"], capture_output=True, env=clean_env,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr[-400:]

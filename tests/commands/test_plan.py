@@ -180,3 +180,48 @@ def test_the_bundled_chat_with_the_pinned_build(
         result["model"]["path"],
     ]
     assert "the bundled model" in result["notes"][-1] and result["target"]["binary_version"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(["--bogus-flag"], "error: invalid argument: --bogus-flag", id="unknown option"),
+        pytest.param(["-c"], "error: -c: expected a value", id="no value"),
+    ],
+)
+def test_a_command_line_llama_cpp_refuses_is_refused(
+    capsys: pytest.CaptureFixture[str], env: dict[str, str], model: Path, args: list[str], said: str
+) -> None:
+    """As llama.cpp's parser refuses it, before any plan (issue 38: `plan server --bogus-flag` printed a plan,
+    rc 0, and the launch then failed)."""
+    code = plan_command(tool="server", args=["-m", str(model), *args], json_out=True, options=HOST_4G, env=env)
+    out, err = capsys.readouterr()
+    assert (code, out) == (ExitStatus.USAGE, "")
+    assert err == f"safe-llama: llama-server refuses this command line: {said}\n"
+
+
+def test_a_number_llama_cpp_reads_otherwise_is_said(
+    capsys: pytest.CaptureFixture[str], env: dict[str, str], model: Path
+) -> None:
+    code, result, _ = planned(capsys, env, ["-m", str(model), "-c", "4k"])
+    assert code == 0 and "-c 4k is read by llama.cpp as 4" in result["notes"]
+
+
+@pytest.mark.parametrize(
+    ("given", "variables", "named"),
+    [
+        pytest.param({}, {"SAFE_LLAMA_BIN_DIR": "{tmp}"}, "SAFE_LLAMA_BIN_DIR", id="the variable"),
+        pytest.param({"bin_dir": "{tmp}"}, {}, "--llama-bin", id="the option"),
+    ],
+)
+def test_a_wrong_llama_bin_names_where_it_was_set(
+    env: dict[str, str], model: Path, tmp_path: Path, given: dict[str, str], variables: dict[str, str], named: str
+) -> None:
+    """issue 38: SAFE_LLAMA_BIN_DIR=/tmp was said as `(--llama-bin)`."""
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    fill = {key: value.format(tmp=folder) for key, value in given.items()}
+    with pytest.raises(SafeLlamaError) as err:
+        run_plan(tool="completion", args=["-m", str(model)], given=fill,
+                 env={**env, **{key: value.format(tmp=folder) for key, value in variables.items()}})  # fmt: skip
+    assert err.value.message == f"safe-llama: {folder}/llama-completion ({named}): no such file"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,11 +29,11 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {"PATH": "", "XDG_CACHE_HOME": str(tmp_path / "cache"), "SAFE_LLAMA_PREFIX": str(tmp_path / "prefix")}
 
 
-def locate(tool: str, env: dict[str, str], **kw: str | None) -> tuple[Path, str]:
+def locate(tool: str, env: dict[str, str], **kw: Any) -> tuple[Path, str]:
     return locate_binary(tool, env=env, own=[], **kw)
 
 
-def refused(tool: str, env: dict[str, str], **kw: str | None) -> SafeLlamaError:
+def refused(tool: str, env: dict[str, str], **kw: Any) -> SafeLlamaError:
     with pytest.raises(SafeLlamaError) as err:
         locate(tool, env, **kw)
     assert "\n" not in err.value.message

@@ -128,3 +128,36 @@ def test_a_failed_assembly_leaves_nothing_behind(env: dict[str, str], monkeypatc
     assert err.value.status == ExitStatus.BAD_MODEL
     assert err.value.message == f"safe-llama: cannot assemble the bundled model in {folder}: No space left on device"
     assert os.listdir(folder) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"the bundled model", True, id="its content"),
+        pytest.param(b"the bundled modeL", False, id="the same size, other content"),
+        pytest.param(b"a shorter file", False, id="another size"),
+    ],
+)
+def test_the_bundled_model_is_known_by_its_content_under_any_name(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, content: bytes, expected: bool
+) -> None:
+    """Its size, then its sha256 (issue 38: `-m /opt/safe-llama/models/gemma-3-270m-q4_k_m.gguf` was a model like
+    any other). The identity is a small file's here (the real file: tests/pipeline/test_prepare.py)."""
+    import hashlib
+
+    from safe_llama.model import bundled
+
+    monkeypatch.setattr(bundled, "FILE_SIZE", len(b"the bundled model"))
+    monkeypatch.setattr(bundled, "SHA256", hashlib.sha256(b"the bundled model").hexdigest())
+    renamed = tmp_path / "my-model.gguf"
+    renamed.write_bytes(content)
+    assert bundled.is_bundled_model(renamed, env) is expected
+    if len(content) == bundled.FILE_SIZE:  # the digest is kept: the file is not read again
+        monkeypatch.setattr(bundled, "_sha256", lambda path: pytest.fail(f"{path} read again"))
+        assert bundled.is_bundled_model(renamed, env) is expected
+
+
+def test_a_missing_file_is_not_the_bundled_model(tmp_path: Path, env: dict[str, str]) -> None:
+    from safe_llama.model.bundled import is_bundled_model
+
+    assert not is_bundled_model(tmp_path / "absent.gguf", env)

@@ -151,6 +151,21 @@ def test_the_bundled_chat_is_announced_and_named(env: dict[str, str]) -> None:
     assert "-n" in argv and prepared.announce[0].startswith(shlex.join(argv[: argv.index("-n") + 2]) + ": ")
 
 
+def test_the_bundled_model_named_by_a_path_gets_the_chat_options(
+    tmp_path: Path, env: dict[str, str], bundled_model: Path
+) -> None:
+    """-m with the bundled model's file under another name (issue 38: it answered forever): the same options
+    and line as without -m; a model of its own gets none."""
+    renamed = tmp_path / "gemma.gguf"
+    renamed.symlink_to(bundled_model)
+    named = prepare("cli", ["-m", str(renamed)], env, HOST_4G)
+    unnamed = prepare("cli", [], env, HOST_4G)
+    assert named.bundled and named.announce == unnamed.announce and len(named.announce) == 1
+    assert final_argv(named)[final_argv(named).index("-r") :][:2] == ["-r", "USER:"]
+    other = prepare("cli", ["-m", str(write_tiny_gguf(tmp_path / "tiny.gguf"))], env, HOST_4G)
+    assert not other.bundled and other.announce == () and "-r" not in final_argv(other)
+
+
 def test_replan_with_a_lesson_is_smaller_and_reads_nothing_again(
     model: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
