@@ -46,6 +46,17 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started in its own session, and all it started: SIGTERM, then SIGKILL after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def start(argv: list[str], env: dict[str, str], timeout: float) -> tuple[bool, int | None, str, float]:
     """Run a server command (argv without --port) until /health 200 or exit: (ready, exit code, log, seconds)."""
     port = _port()
@@ -66,13 +77,7 @@ def start(argv: list[str], env: dict[str, str], timeout: float) -> tuple[bool, i
             break
         time.sleep(0.25)
     took = time.monotonic() - began
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_group(proc)
     assert proc.stdout is not None
     log = proc.stdout.read().decode(errors="replace")
     return ready, None if ready else proc.returncode, log, took

@@ -31,8 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_first_start import _healthy, _port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTLE = 5.0  # seconds a first start may take past /health to write its record (it polls /health every 0.2 s,
@@ -48,22 +50,6 @@ HOLD = (
     "import sys,time,torch; x=torch.empty({n}*2**30,dtype=torch.uint8,device='cuda'); x.fill_(1); "
     "torch.cuda.synchronize(); print('held', flush=True); time.sleep(3000)"
 )
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def ready_time(
@@ -85,13 +71,7 @@ def ready_time(
                     time.sleep(0.01)
                 break
             time.sleep(0.005)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
     return took
 
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.bench_first_start import _FAILED, _healthy, _port, _with_ctx, start  # noqa: E402
+from benchmarks.bench_first_start import _FAILED, _healthy, _port, _with_ctx, start, stop_group  # noqa: E402
 
 SHAPES = {  # the failures first: a deadline cuts the tail
     "np16": "-np 16",
@@ -99,13 +98,7 @@ def first_spawn(ns: argparse.Namespace, shape: str, env: dict[str, str]) -> dict
                 break
             time.sleep(0.2)
         took = time.monotonic() - began
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
         logf.seek(0)
         log = logf.read().decode(errors="replace")
     chosen = [int(m) for m in _N_CTX.findall(log)]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_first_start import _healthy, _port
+from benchmarks.bench_first_start import _healthy, _port, stop_group
 
 SHAPES = {
     "default": "",
@@ -71,8 +71,6 @@ def _used_mib() -> int | None:
 
 def _start(argv: list[str], env: dict[str, str], timeout: float) -> tuple[bool, int | None, str, float, int | None]:
     """llama-server until /health 200 or exit; the device's used memory while it is ready; then stopped."""
-    import os
-    import signal
     import tempfile
 
     port = _port()
@@ -95,13 +93,7 @@ def _start(argv: list[str], env: dict[str, str], timeout: float) -> tuple[bool, 
                 break
             time.sleep(0.2)
         took = time.monotonic() - began
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
         logf.seek(0)
         log = logf.read().decode(errors="replace")
     return ready, None if ready else proc.returncode, log, took, used

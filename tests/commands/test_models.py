@@ -144,16 +144,20 @@ def _recorded_places(policy: Policy) -> tuple[Place, ...]:
     )
 
 
+# the models recorded on the H200 (tests/fixtures/nvidia-h200-*: big.gguf, and the dense and MoE models of shared-gpu/)
+H200_SHAPES: dict[str, dict[str, int]] = {
+    "big.gguf": dict(n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64, n_ctx_train=2_000_000),
+    "dense.gguf": dict(n_layer=24, n_head=32, n_head_kv=8, head_dim=128, n_ff=4096, n_ctx_train=8192),
+    "moe.gguf": dict(n_layer=8, n_head=16, n_head_kv=8, head_dim=128, n_ff=2048, n_expert=16, n_expert_used=2,
+                     n_ctx_train=32768),
+}  # fmt: skip
+
+
 def test_the_h200_listing_replayed(tmp_path: Path, policy: Policy) -> None:
     """The models recorded there (sparse: the sizes without the bytes) against the recorded Vulkan0 and host: the
     listing is the recorded one (SAFE_LLAMA_GOLDEN_WRITE=1 writes it), and the big model's q8_0 context with
     every layer on Vulkan0 is the 970,752 cells that started there on the first spawn (first-start-cases.json)."""
-    shapes = {
-        "big.gguf": dict(n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64, n_ctx_train=2_000_000),
-        "dense.gguf": dict(n_layer=24, n_head=32, n_head_kv=8, head_dim=128, n_ff=4096, n_ctx_train=8192),
-        "moe.gguf": dict(n_layer=8, n_head=16, n_head_kv=8, head_dim=128, n_ff=2048, n_expert=16, n_expert_used=2,
-                         n_ctx_train=32768),
-    }  # fmt: skip
+    shapes = H200_SHAPES
     paths = [str(write_tiny_gguf(tmp_path / name, sparse=True, **shape)) for name, shape in shapes.items()]  # type: ignore[arg-type]
     found = [Found(os.path.basename(p), "given", p, (p,)) for p in paths]
     reads = {r.path: r for r in read_all(paths, {"XDG_CACHE_HOME": str(tmp_path / "cache")})}
@@ -202,12 +206,7 @@ def test_the_h200_cuda_listings_replayed(
     rows = {r["case"]: r for r in json.loads((CUDA / runs).read_text()) if "case" in r}
     row = rows[case]
     free = int(row["device_budget"]["bytes"]) + policy.device_runtime["cuda"]
-    shapes = {
-        "big.gguf": dict(n_layer=8, n_head=16, n_head_kv=16, head_dim=256, n_ff=64, n_ctx_train=2_000_000),
-        "dense.gguf": dict(n_layer=24, n_head=32, n_head_kv=8, head_dim=128, n_ff=4096, n_ctx_train=8192),
-        "moe.gguf": dict(n_layer=8, n_head=16, n_head_kv=8, head_dim=128, n_ff=2048, n_expert=16, n_expert_used=2,
-                         n_ctx_train=32768),
-    }  # fmt: skip
+    shapes = H200_SHAPES
     path = str(write_tiny_gguf(tmp_path / model, sparse=True, **shapes[model]))  # type: ignore[arg-type]
     found = [Found(model, "given", path, (path,))]
     reads = {r.path: r for r in read_all([path], {"XDG_CACHE_HOME": str(tmp_path / "cache")})}
