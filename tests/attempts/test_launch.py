@@ -424,7 +424,9 @@ def test_plan_learned_under_a_tight_budget_does_not_cap_a_looser_one(seed: tuple
     # 6 GiB: the remembered (smaller) plan must not cap it; the planner's own answer is used
     loose = _run_under(args, env, 6 << 20)
     assert loose.returncode == 0, loose.stderr[-3000:]
-    assert _contexts(log) == [45056] and learned[-1] < 45056
+    own = json.loads(_run_under(["plan", "--json", *args], env, 6 << 20).stdout)["decision"]["argv"]
+    planned = int(own[own.index("-c") + 1])  # the planner's own answer there
+    assert _contexts(log) == [planned] and learned[-1] < planned
     assert "starting from the plan with" not in loose.stderr
 
 
