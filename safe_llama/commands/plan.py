@@ -53,7 +53,11 @@ def plan_command(
         sys.stderr.write(f"safe-llama: warning: {unusable}: nothing is cached\n")
     refused = parse(tool, args, env).usage_errors
     if refused:  # llama.cpp's parser stops there: no plan would be used
-        sys.stderr.write(f"safe-llama: llama-{tool} refuses this command line: error: {refused[0]}\n")
+        words = refused[0]
+        for word, shown in zip(args, redact_argv(args, tool, keep_in=cache_dir(env)), strict=True):
+            if shown != word:  # its words quote the argument: a secret's value is not repeated
+                words = words.replace(word, shown)
+        sys.stderr.write(f"safe-llama: llama-{tool} refuses this command line: error: {words}\n")
         return int(ExitStatus.USAGE)
     try:
         prepared = prepare(tool, args, env, options)

@@ -88,10 +88,12 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
 
 
 def content(path: str, salt: bytes) -> str | None:
-    """A /proc or /sys file's answer, or a directory's sorted listing, as a digest (None: not there)."""
+    """A /proc or /sys file's answer, or a directory's sorted listing, as a digest (None: not there). A listing
+    leaves out __pycache__: Python makes it on a module's first import, which changes no plan."""
     try:
         if os.path.isdir(path):
-            data = "\0".join(sorted(os.listdir(path))).encode("utf-8", "surrogateescape")
+            names = sorted(name for name in os.listdir(path) if name != "__pycache__")
+            data = "\0".join(names).encode("utf-8", "surrogateescape")
         else:
             with open(path, "rb") as f:
                 data = f.read(CONTENT_LIMIT + 1)

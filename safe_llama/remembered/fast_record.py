@@ -54,18 +54,21 @@ class _Unstable(Exception):
     """A file the plan read changed before the record was written."""
 
 
-def _own_files(env: Mapping[str, str]) -> list[str]:
-    """safe-llama's own files and folders (the package, its configs and those in use): a change is a new planner."""
+def _own_files(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """safe-llama's own (files, folders): the package, its configs and those in use; a change is a new planner.
+    The folders are held by their listing (early.content), not their identity: a __pycache__ made by a module's
+    first import changes a folder's mtime, not what it holds."""
     from safe_llama.paths import configs_dir, packaged_configs
 
     out: list[str] = []
+    folders: list[str] = []
     tops = dict.fromkeys([str(Path(__file__).resolve().parent.parent), str(packaged_configs()), str(configs_dir(env))])
     for top in tops:
         for folder, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            out.append(folder)
+            folders.append(folder)
             out.extend(os.path.join(folder, f) for f in sorted(files) if not f.endswith(".pyc"))
-    return out
+    return out, folders
 
 
 def _stat_inputs(binary: Path, user_args: Sequence[str], env: Mapping[str, str]) -> list[str]:
@@ -109,8 +112,11 @@ def _validity(recorder: Recorder, stat_only: Sequence[str], salt: bytes) -> tupl
             contents[path] = early.content(path, salt)
         else:
             files[path] = early.identity(path)
-    for path in [*stat_only, *_own_files(recorder.raw)]:
+    own_files, own_folders = _own_files(recorder.raw)
+    for path in [*stat_only, *own_files]:
         files.setdefault(path, early.identity(path))
+    for path in own_folders:
+        contents.setdefault(path, early.content(path, salt))
     return sorted(files.items()), sorted(contents.items())
 
 

@@ -225,3 +225,11 @@ def test_a_wrong_llama_bin_names_where_it_was_set(
         run_plan(tool="completion", args=["-m", str(model)], given=fill,
                  env={**env, **{key: value.format(tmp=folder) for key, value in variables.items()}})  # fmt: skip
     assert err.value.message == f"safe-llama: {folder}/llama-completion ({named}): no such file"
+
+
+def test_a_refused_command_line_does_not_repeat_a_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp reads no --opt=VALUE: its refusal quotes the word, and the secret's value is masked in it."""
+    code = plan_command(tool="server", args=["--api-key=SEKRIT1"], json_out=False, options=PlanOptions(), env={})
+    err = capsys.readouterr().err
+    assert code == 2 and "SEKRIT1" not in err
+    assert err == "safe-llama: llama-server refuses this command line: error: invalid argument: --api-key=<redacted>\n"

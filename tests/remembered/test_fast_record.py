@@ -492,3 +492,22 @@ def test_a_server_under_a_cgroup_is_recorded_where_its_serving_sizes_are_llama_c
         fast_record._under(prepared, "cgroup", least["cgroup"] - 1), options, prepared.target.lessons, os.environ
     )
     assert final_argv(at) == final_argv(prepared) != final_argv(below)
+
+
+def test_safe_llamas_folders_are_held_by_what_they_list(setup: Setup, tmp_path: Path) -> None:
+    """A fresh checkout makes __pycache__ folders as modules are first imported (a record made by the first start
+    was refused by every start after it, on the H200): a folder is held by its listing, less __pycache__, so a new
+    module still refuses the record and a new __pycache__ does not."""
+    setup.launch()
+    package = str(Path(fast_record.__file__).resolve().parent)
+    record = setup.record()
+    assert package in {path for path, _ in record["contents"]}
+    assert package not in {path for path, _ in record["files"]}
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "a.py").write_text("")
+    before = early.content(str(folder), b"salt")
+    (folder / "__pycache__").mkdir()
+    assert early.content(str(folder), b"salt") == before
+    (folder / "b.py").write_text("")
+    assert early.content(str(folder), b"salt") != before
