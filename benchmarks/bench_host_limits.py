@@ -50,16 +50,9 @@ class Limit:
 
 
 @contextmanager
-def confined(limit: Limit) -> Iterator[Callable[[], None]]:
-    """A preexec function that puts a child under the limit; a cgroup is made fresh and removed after."""
-    if limit.kind == "as":
-
-        def rlimit() -> None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit.bytes, limit.bytes))
-
-        yield rlimit
-        return
-    name = f"safe-llama-bench-{os.getpid()}-{time.monotonic_ns()}"
+def memory_group(limit: Limit, prefix: str = "safe-llama-bench") -> Iterator[Path]:
+    """A fresh memory cgroup with this limit (v2 with the memory controller, else v1), removed after."""
+    name = f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
     v2 = Path("/sys/fs/cgroup/cgroup.controllers")
     if v2.is_file() and "memory" in v2.read_text():
         folder = Path("/sys/fs/cgroup") / name
@@ -70,12 +63,8 @@ def confined(limit: Limit) -> Iterator[Callable[[], None]]:
         folder = Path("/sys/fs/cgroup/memory") / name
         folder.mkdir()
         (folder / "memory.limit_in_bytes").write_text(str(limit.bytes))
-
-    def enter() -> None:
-        (folder / "cgroup.procs").write_text(str(os.getpid()))
-
     try:
-        yield enter
+        yield folder
     finally:
         for _ in range(100):
             try:
@@ -83,6 +72,24 @@ def confined(limit: Limit) -> Iterator[Callable[[], None]]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+@contextmanager
+def confined(limit: Limit) -> Iterator[Callable[[], None]]:
+    """A preexec function that puts a child under the limit; a cgroup is made fresh and removed after."""
+    if limit.kind == "as":
+
+        def rlimit() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit.bytes, limit.bytes))
+
+        yield rlimit
+        return
+    with memory_group(limit) as folder:
+
+        def enter() -> None:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+        yield enter
 
 
 def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float) -> bool:

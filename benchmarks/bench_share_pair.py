@@ -21,14 +21,14 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_host_limits import MIB, Limit, wait_ready  # noqa: E402
+from benchmarks.bench_host_limits import MIB, Limit, memory_group, wait_ready  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
@@ -39,29 +39,9 @@ def wide_model(folder: Path) -> Path:
                            n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
 
 
-@contextmanager
-def group(limit: Limit) -> Iterator[Path]:
-    """A fresh memory cgroup with this limit (v2 with the memory controller, else v1), removed after."""
-    name = f"safe-llama-pair-{os.getpid()}-{time.monotonic_ns()}"
-    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-    if v2.is_file() and "memory" in v2.read_text():
-        folder = Path("/sys/fs/cgroup") / name
-        folder.mkdir()
-        (folder / "memory.max").write_text(str(limit.bytes))
-        (folder / "memory.swap.max").write_text("0")
-    else:
-        folder = Path("/sys/fs/cgroup/memory") / name
-        folder.mkdir()
-        (folder / "memory.limit_in_bytes").write_text(str(limit.bytes))
-    try:
-        yield folder
-    finally:
-        for _ in range(100):
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+def group(limit: Limit) -> AbstractContextManager[Path]:
+    """A fresh memory cgroup with this limit, removed after."""
+    return memory_group(limit, "safe-llama-pair")
 
 
 def oom_kills(folder: Path) -> int:
