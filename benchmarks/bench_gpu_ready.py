@@ -12,7 +12,8 @@ GPU's free memory is within the plan's margin), bare llama-server with the final
 --no-remember` (planning every time, the path before the early start), alternated. Each start waits for
 /health 200 (polled every 5 ms) and is stopped (its process group, waited for: its GPU memory is free again
 before the next). Before each safe-llama round, early.py's own check says whether it starts from its launch
-record: `early` per run.
+record: `early` per run; `exec_s`: seconds from the spawn to the exec of llama-server, per run (safe-llama's own
+part of the time).
 
 Writes one JSON (replayed by tests/remembered/test_gpu_ready_replay.py from
 tests/fixtures/nvidia-h200-cuda/gpu-ready/) and the logs of the first starts under --logs. Every wait is
@@ -52,17 +53,46 @@ HOLD = (
 )
 
 
+def _server_exec(pid: int) -> bool:
+    """Whether pid, or a child of it, runs llama-server already (the exec of the real binary has happened)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for one in [str(pid), *children]:
+        try:
+            if os.path.basename(os.readlink(f"/proc/{one}/exe")) == "llama-server":
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def ready_time(
-    argv: list[str], env: dict[str, str], port: int, timeout: float, log: Path, cache: Path | None = None
+    argv: list[str],
+    env: dict[str, str],
+    port: int,
+    timeout: float,
+    log: Path,
+    cache: Path | None = None,
+    execs: list[float | None] | None = None,
 ) -> float | None:
     """Seconds from the spawn of argv to /health 200 on port (None: not ready within timeout); then stopped.
     cache: a first safe-llama start's, given time (at most SETTLE s) to write its launch record once ready, so
-    that the next start finds it; not counted in the time."""
+    that the next start finds it; not counted in the time. execs: gets the seconds from the spawn to the exec of
+    llama-server (polled every millisecond until then: what safe-llama spends before the real binary runs)."""
     with log.open("wb") as out:
         began = time.monotonic()
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
-        took = None
+        took, exec_at = None, None
+        while execs is not None and exec_at is None and time.monotonic() - began < timeout and proc.poll() is None:
+            if _server_exec(proc.pid):
+                exec_at = time.monotonic() - began
+            else:
+                time.sleep(0.001)
+        if execs is not None:
+            execs.append(exec_at)
         while time.monotonic() - began < timeout and proc.poll() is None:
             if _healthy(port):
                 took = time.monotonic() - began
@@ -133,11 +163,14 @@ def condition(name: str, ns: argparse.Namespace, env: dict[str, str], cache: Pat
     planned = [*py, "--no-remember", "server", *planned_args]
     rows: dict[str, list[float | None]] = {"safe_llama": [], "bare": [], "planned": []}
     early: list[bool] = []
+    execs: dict[str, list[float | None]] = {"safe_llama": [], "bare": []}
     scratch = Path(tempfile.mkdtemp())
     for i in range(ns.runs):
         early.append(would_start_early(sys.executable, ["server", *args], env))
-        rows["safe_llama"].append(ready_time([*py, "server", *args], env, port_safe, ns.timeout, scratch / "s.log"))
-        rows["bare"].append(ready_time(bare, bare_env, port_bare, ns.timeout, scratch / "b.log"))
+        rows["safe_llama"].append(
+            ready_time([*py, "server", *args], env, port_safe, ns.timeout, scratch / "s.log", None, execs["safe_llama"])
+        )
+        rows["bare"].append(ready_time(bare, bare_env, port_bare, ns.timeout, scratch / "b.log", None, execs["bare"]))
         if i < ns.planned_runs:
             rows["planned"].append(ready_time(planned, env, port_planned, ns.timeout, scratch / "p.log"))
     for log in ("s.log", "b.log", "p.log"):
@@ -151,6 +184,7 @@ def condition(name: str, ns: argparse.Namespace, env: dict[str, str], cache: Pat
         "plan_returncode": plan.returncode,
         "runs": rows,
         "early": early,
+        "exec_s": execs,
         **summary(rows),
     }
 

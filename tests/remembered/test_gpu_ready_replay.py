@@ -74,3 +74,7 @@ def test_the_script_runs_on_the_cpu_build(tmp_path: Path, llama_bin: Path) -> No
     row = json.loads(out.read_text())["conditions"]["empty"]
     assert row["first_start_wrote_a_record"] and row["early"] == [True, True]
     assert "4096" in row["final_argv"] and row["median_safe_llama"] is not None
+    # the exec of llama-server is seen before /health answers, and safe-llama's comes after bare's own
+    execs, ready = row["exec_s"], row["runs"]
+    assert all(e is not None and 0 <= e < t for e, t in zip(execs["safe_llama"], ready["safe_llama"], strict=True))
+    assert all(e is not None and e < s for e, s in zip(execs["bare"], execs["safe_llama"], strict=True))
