@@ -5,7 +5,7 @@
 # (and 1.015 x) its -c, on CUDA (device empty, then 80 GiB held by PyTorch) and on Vulkan. About 200 s in all:
 # each phase stops starting shapes at its deadline. Writes $OUT/i36-layouts.tar.gz (rows JSON + logs) and
 # $OUT/i36-summary.txt. MODEL, CUDA_BIN, VK_BIN override the paths (a run on the CPU build: MODEL=tiny.gguf CUDA_BIN=...).
-#   bash benchmarks/gpu_layouts_first_start.sh [cuda] [held80] [vulkan]     (no argument: all three)
+#   bash benchmarks/gpu_layouts_first_start.sh [cuda] [held80] [vulkan] [held80-vulkan]   (none: the first three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/i36-out}; mkdir -p "$OUT"
@@ -27,6 +27,13 @@ for what in "$@"; do
         --shape "np16|-np 16" --shape "fa-off|-fa off" --shape "default|" \
         --out "$W/first-start-layouts-held80-cuda.json" >>"$W/run.jsonl" 2>>"$W/stderr.txt"
       kill $HOLD; wait $HOLD 2>/dev/null ;;
+    held80-vulkan) ( . .gpu/vulkan.sh >"$W/vk-env.txt" 2>&1
+      env -u PYTHONPATH -u LD_LIBRARY_PATH python3 -c "import torch,time; x=torch.empty(80*2**30,dtype=torch.uint8,device='cuda'); x.fill_(1); torch.cuda.synchronize(); time.sleep(3000)" &
+      HOLD=$!; sleep 8; nvidia-smi --query-gpu=memory.used,memory.total --format=csv >"$W/held80-smi.txt" 2>&1
+      timeout 80 $B --bin-dir $VK_BIN --backend vulkan --tag held80- --starts 1 --deadline 60 \
+        --shape "np16|-np 16" --shape "fa-off|-fa off" --shape "default|" \
+        --out "$W/first-start-layouts-held80-vulkan.json" >>"$W/run.jsonl" 2>>"$W/stderr.txt"
+      kill $HOLD; wait $HOLD 2>/dev/null ) ;;
     vulkan) ( . .gpu/vulkan.sh >"$W/vk-env.txt" 2>&1
             timeout 100 $B --bin-dir $VK_BIN --backend vulkan --starts 1 --deadline 80 \
               --out "$W/first-start-layouts-vulkan.json" >>"$W/run.jsonl" 2>>"$W/stderr.txt" ) ;;

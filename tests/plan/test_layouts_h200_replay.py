@@ -115,6 +115,7 @@ FIRST_STARTS = [
     ("cuda", "nvidia-h200-cuda/layouts/first-start-layouts-cuda.json"),
     ("cuda", "nvidia-h200-cuda/layouts/first-start-layouts-held80-cuda.json"),
     ("vulkan", "nvidia-h200-vulkan/layouts/first-start-layouts-vulkan.json"),
+    ("vulkan", "nvidia-h200-vulkan/layouts/first-start-layouts-held80-vulkan.json"),
 ]
 
 
