@@ -2,7 +2,11 @@
 argv, alternated, on an empty device and with memory held by another process (issue 37):
 
     python3 benchmarks/bench_gpu_ready.py --bin-dir /tmp/lb/bin --model /tmp/big.gguf --out gpu-ready.json \
-        [--args "-c 2000000 -ngl 99"] [--runs 5] [--planned-runs 2] [--conditions empty,held] [--hold-gib 80]
+        [--args "-c 2000000 -ngl 99"] [--runs 5] [--planned-runs 2] [--conditions empty,held] [--hold-gib 80] \
+        [--python /path/to/venv/bin/python]
+
+safe-llama runs as installed: the console script pip writes into a venv's bin/ (CONSOLE_SCRIPT), under --python
+(default: this interpreter; a venv's python sees the venv's site-packages only, as a user's install does).
 
 Per condition (held: a process holding --hold-gib GiB of the GPU, started first and kept to the end of it):
 safe-llama's first start there (the cache of the condition before it, or none: it plans and writes its
@@ -105,6 +109,27 @@ def ready_time(
     return took
 
 
+# what pip writes for the console script `safe-llama = "safe_llama.entry:main"` (pyproject.toml), under a shebang
+CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from safe_llama.entry import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
+
+
+def console_script(python: str, folder: Path) -> Path:
+    """An installed `safe-llama` entry point for this interpreter (as pip writes it into a venv's bin/)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "safe-llama"
+    script.write_text(CONSOLE_SCRIPT.format(python=python))
+    script.chmod(0o755)
+    return script
+
+
 def would_start_early(python: str, words: list[str], env: dict[str, str]) -> bool:
     done = subprocess.run([python, "-c", WOULD_START_EARLY, *words], env=env, capture_output=True, text=True)
     return done.stdout.strip() == "1"
@@ -144,7 +169,7 @@ def summary(row: dict[str, list[float | None]]) -> dict[str, float | None]:
 
 
 def condition(name: str, ns: argparse.Namespace, env: dict[str, str], cache: Path) -> dict[str, object]:
-    py = [sys.executable, "-m", "safe_llama"]
+    py = [str(console_script(ns.python, Path(tempfile.mkdtemp()) / "bin"))]
     user = [*shlex.split(ns.args), "--host", "127.0.0.1"]
     port_safe, port_bare, port_planned = _port(), _port(), _port()
     args = ["-m", ns.model, *user, "--port", str(port_safe)]
@@ -166,7 +191,7 @@ def condition(name: str, ns: argparse.Namespace, env: dict[str, str], cache: Pat
     execs: dict[str, list[float | None]] = {"safe_llama": [], "bare": []}
     scratch = Path(tempfile.mkdtemp())
     for i in range(ns.runs):
-        early.append(would_start_early(sys.executable, ["server", *args], env))
+        early.append(would_start_early(ns.python, ["server", *args], env))
         rows["safe_llama"].append(
             ready_time([*py, "server", *args], env, port_safe, ns.timeout, scratch / "s.log", None, execs["safe_llama"])
         )
@@ -199,6 +224,7 @@ def main() -> int:
     parser.add_argument("--conditions", default="empty,held")
     parser.add_argument("--hold-gib", type=int, default=80)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--python", default=sys.executable, help="the interpreter of the safe-llama entry point")
     parser.add_argument("--out", required=True)
     parser.add_argument("--logs", default=tempfile.mkdtemp(prefix="gpu-ready-logs-"))
     ns = parser.parse_args()
@@ -212,8 +238,10 @@ def main() -> int:
                XDG_CONFIG_HOME=str(work / "config"), XDG_RUNTIME_DIR=str(work / "runtime"),
                SAFE_LLAMA_BIN_DIR=str(Path(ns.bin_dir).resolve()))  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), str(ROOT)] if p)
+    version = subprocess.run([ns.python, "-c", "import sys; print(sys.version.split()[0], sys.prefix)"],
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     result: dict[str, object] = {"args": ns.args, "model": ns.model, "runs": ns.runs, "bin_dir": ns.bin_dir,
-                                 "python": sys.version.split()[0], "conditions": {}}  # fmt: skip
+                                 "python": version[0], "python_prefix": version[1], "conditions": {}}  # fmt: skip
     conditions = result["conditions"]
     assert isinstance(conditions, dict)
     for name in ns.conditions.split(","):
