@@ -133,6 +133,22 @@ def limit_words(a: Allocation) -> str:
     return f"its {human(a.limit)} usable ({human(source.value)} {_origin(source)}{', ' * bool(margin)}{margin})"
 
 
+def host_attention_words(
+    *, scores: bool, tensor_bytes: int, host_bytes: int, n_ubatch: int, device: str, limit: Sourced[int]
+) -> str:
+    """The note where a device's operations cannot take an attention tensor (plan.compute.HostAttention):
+    "attention on the CPU: one layer's KQ scores (15.74 GiB at -ub 512) are above Vulkan0's 4.00 GiB limit per
+    tensor (...), so llama.cpp runs the attention there; the host's compute buffer holds them and copies of
+    the layer's K and V (23.61 GiB more)"."""
+    what = "one layer's KQ scores" if scores else "the attention mask"
+    held = "them and copies of the layer's K and V" if scores else "copies of one layer's K and V"
+    return (
+        f"attention on the CPU: {what} ({human(tensor_bytes)} at -ub {n_ubatch}) "
+        f"{'are' if scores else 'is'} above {device}'s {human(limit.value)} limit per tensor ({_origin(limit)}), "
+        f"so llama.cpp runs the attention there; the host's compute buffer holds {held} ({human(host_bytes)} more)"
+    )
+
+
 def _device(a: Allocation) -> str:
     return f"{a.place} ({a.endpoint})" if a.endpoint else a.place
 

@@ -15,7 +15,13 @@ from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, buffers, plan_kv
 from safe_llama.plan import allocation_words
-from safe_llama.plan.compute import compute_estimate, expert_ff_width, host_compute_estimate, input_mask_bytes
+from safe_llama.plan.compute import (
+    attention_on_host,
+    compute_estimate,
+    expert_ff_width,
+    host_compute_estimate,
+    input_mask_bytes,
+)
 from safe_llama.plan.compute import device_compute as compute_by_device
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes
@@ -156,15 +162,12 @@ def memory_by_place(
     expert_ff = 0
     if main != "host" and experts_on_devices(facts, layout.rules, layer_places(n_layer, offloaded, devices, split)):
         expert_ff = expert_ff_width(facts)
+    limit = attention_limit(facts, settings, target)
+    on_host = attention_on_host(facts, kv, limit)
     compute = compute_estimate(
-        facts,
-        kv,
-        settings.kv,
-        kv_f16_copies=target.kv_f16_copies,
-        kv_on_host=kv_on_host,
-        costs=costs,
-        expert_ff=expert_ff,
-    )
+        facts, kv, settings.kv, kv_f16_copies=target.kv_f16_copies, kv_on_host=kv_on_host, costs=costs,
+        expert_ff=expert_ff, max_tensor=limit,
+    )  # fmt: skip
     compute += target.compute_extra
     # several devices running all layers: llama.cpp pipelines them, each keeping copies of its graph inputs
     pipelined = (
@@ -197,11 +200,11 @@ def memory_by_place(
         if remote.name in devices:
             add(out, remote.name, "worker", target.worker_overhead)
     if main != "host" and not target.integrated:
-        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly
-        # (measured on an H200: 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention)
-        add(out, "host", "compute", host_compute_estimate(facts, kv, costs) + copies)
+        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly (H200:
+        # 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention), and any attention the device cannot run
+        add(out, "host", "compute", host_compute_estimate(facts, kv, costs, limit) + copies)
         k_on_host = backend_named(target.backend).quantized_k_attention_on_host
-        if k_on_host and not kv.flash_attn and settings.kv.type_k not in _FLOAT_TYPES:
+        if k_on_host and not kv.flash_attn and settings.kv.type_k not in _FLOAT_TYPES and not on_host:
             add(out, "host", "compute", compute)  # each layer's KQ and soft_max on the CPU
     if layout.mmproj_bytes:
         add(out, main if layout.mmproj_offload else "host", "mmproj", layout.mmproj_bytes)
@@ -230,6 +233,16 @@ def memory_by_place(
             layout.ctx_checkpoints * max(kv.context.n_seq_max, 1) * checkpoint_bytes(facts, kv),
         )
     return {place: dict(items) for place, items in out.items()}
+
+
+def attention_limit(facts: ModelFacts, settings: LlamaSettings, target: Target) -> int | None:
+    """The largest tensor the device's attention takes (Vulkan's maxStorageBufferRange: above it the attention
+    runs on the host, plan.compute.attention_on_host) where the device runs it: layers and their KV on it."""
+    layout, n_layer = settings.layout, max(facts.block_count, 1)
+    devices = device_names(target, layout.devices, layout.split_mode, layout.main_gpu)
+    if target.max_tensor is None or not devices or not offloaded_slots(settings.n_gpu_layers, n_layer):
+        return None
+    return target.max_tensor.value if layout.kv_offload and not settings.stateful else None
 
 
 def allocations(

@@ -19,8 +19,9 @@ from safe_llama.errors import ExitStatus
 from safe_llama.messages import NOTHING_FITS
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
-from safe_llama.plan.allocation_words import describe
-from safe_llama.plan.memory import Allocation, planned_split
+from safe_llama.plan.allocation_words import describe, host_attention_words
+from safe_llama.plan.compute import attention_on_host
+from safe_llama.plan.memory import Allocation, attention_limit, planned_split
 from safe_llama.plan.policy import Policy
 from safe_llama.plan.serving import checkpoint_bytes, size_serving
 from safe_llama.plan.split import device_names
@@ -116,9 +117,18 @@ def plan(
     if served is not None:
         state = state.took(served[1], served[0], served[2])
         allocs = inputs.allocations(state.settings)
+    kv = plan_kv(facts, state.settings.kv)
+    on_host = attention_on_host(facts, kv, attention_limit(facts, state.settings, target))
+    if on_host is not None and target.max_tensor is not None:
+        state = state.noted(
+            host_attention_words(
+                scores=on_host.scores, tensor_bytes=on_host.tensor_bytes, host_bytes=on_host.host_bytes,
+                n_ubatch=kv.context.n_ubatch, device=target.device or "the device", limit=target.max_tensor,
+            )
+        )  # fmt: skip
     return Plan(
         settings=state.settings,
-        kv=plan_kv(facts, state.settings.kv),
+        kv=kv,
         allocations=allocs,
         steps=state.taken,
         decided=state.decided,
