@@ -118,9 +118,11 @@ def _graph_bytes(
         # ... and each layer's input goes over as well (H200 -ngl 0: 8 MiB at -ub 512, n_embd 4096)
         copies += cells * (row_bytes(req.type_k, width_k) + row_bytes(req.type_v, width_v)) + n_tokens * 4 * n_embd
     # without flash attention the heads' outputs are permuted and made contiguous (build_attn_mha's ggml_cont):
-    # one f32 row more per token (H200: 56 MiB against 48 at -ub 512, 16 heads of 256)
+    # one f32 row more per token (H200: 56 MiB against 48 at -ub 512, 16 heads of 256); where the attention runs
+    # on the host, the device also holds the copy of those outputs the scheduler makes (lavapipe, 16 heads of
+    # 64, -ub 512 / 4096: 16.01 / 128.08 MiB, 8 rows of n_embd where 7 were planned)
     heads_out = max((h * v for h, v in zip(facts.head_count, facts.value_length, strict=False)), default=0)
-    merged = 0 if kv.flash_attn else 4 * heads_out
+    merged = 0 if kv.flash_attn else 4 * heads_out * (2 if _falling(facts, kv, n_tokens, max_tensor) else 1)
     # the graph's small inputs (positions, output ids, the KV rows written; 0.02 - 0.28 MiB on the H200)
     return n_tokens * (per_token + merged) + mask + logits + copies + costs.graph_inputs_bytes
 
@@ -281,7 +283,11 @@ def host_compute_estimate(
 
     def graph(n_tokens: int) -> int:
         on_host = attention_on_host(facts, kv, max_tensor, n_tokens)
-        inputs = _n_kv(kv) * n_tokens * (2 if kv.flash_attn else 4) + n_tokens * facts.embedding_length * per_embd
+        # each cache has its mask; beside a device that runs the attention the largest is counted (as the H200's
+        # one-cache layouts were fitted), where the host runs it every one (lavapipe, a gemma-3 with --swa-full
+        # at 16,384 cells and -fa off: 2 x 32 MiB of f32 masks, 340.02 MiB logged where one gave 311)
+        cells = sum(c.cells for c in _attention_caches(kv)) if on_host is not None else _n_kv(kv)
+        inputs = cells * n_tokens * (2 if kv.flash_attn else 4) + n_tokens * facts.embedding_length * per_embd
         return inputs + costs.graph_inputs_bytes + (on_host.host_bytes if on_host is not None else 0)
 
     return max(graph(n_tokens) for n_tokens in _graph_tokens(kv))

@@ -199,9 +199,9 @@ def memory_by_place(
     for remote in target.remote:
         if remote.name in devices:
             add(out, remote.name, "worker", target.worker_overhead)
-    if main != "host" and not target.integrated:
-        # the graph's inputs staged in host memory (CUDA_Host compute buffer): the attention mask, mostly (H200:
-        # 1,606.53 MiB at 1,612,032 cells, -ub 512, flash attention), and any attention the device cannot run
+    if main != "host" and (not target.integrated or on_host is not None):
+        # the graph's inputs staged in host memory (CUDA_Host compute buffer; H200: 1,606.53 MiB at 1,612,032
+        # cells, -ub 512, flash attention) and any attention the device cannot run (then beside an iGPU too)
         add(out, "host", "compute", host_compute_estimate(facts, kv, costs, limit) + copies)
         k_on_host = backend_named(target.backend).quantized_k_attention_on_host
         if k_on_host and not kv.flash_attn and settings.kv.type_k not in _FLOAT_TYPES and not on_host:

@@ -102,3 +102,15 @@ def test_a_tensor_and_the_kv_cap() -> None:
         allocation_words.describe(cap)
         == "the KV cache 2.00 GiB at -c 4096 is above the 1.00 GiB allowed after the start that failed"
     )
+
+
+def test_the_attention_on_the_host_is_said_with_the_limit_that_put_it_there() -> None:
+    limit = Sourced(128 << 20, "probed", "Vulkan maxStorageBufferRange of 'llvmpipe'")
+    words = allocation_words.host_attention_words(
+        scores=False, tensor_bytes=256 << 20, host_bytes=68 << 20, n_ubatch=4096, device="Vulkan0", limit=limit
+    )
+    assert words == (
+        "attention on the CPU: the attention mask (256.00 MiB at -ub 4096) is above Vulkan0's 128.00 MiB limit per"
+        " tensor (probed: Vulkan maxStorageBufferRange of 'llvmpipe'), so llama.cpp runs the attention there; the"
+        " host's compute buffer holds copies of one layer's K and V (68.00 MiB more)"
+    )

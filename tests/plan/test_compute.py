@@ -1,6 +1,7 @@
 """plan.compute: the compute-buffer estimate as its formula says, term by term (activations of one ubatch,
 the logits, the attention mask, the f16 and host copies of a quantized K/V, MoE experts' activations), the
-host's share beside a GPU, and each CPU device's graph in a layer split."""
+larger of the two graphs llama.cpp reserves, the host's share beside a GPU, the attention a device's largest
+tensor leaves to the host, and each CPU device's graph in a layer split."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from safe_llama.device.limits import Sourced
 from safe_llama.model.facts import ModelFacts, load_model_facts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv, row_bytes
 from safe_llama.plan.compute import (
+    HostAttention,
+    attention_on_host,
     compute_estimate,
     device_compute,
     expert_ff_width,
@@ -178,3 +181,57 @@ def test_device_compute_on_gpus_is_the_whole_graph_on_each(dense: ModelFacts) ->
     assert device_compute(dense, kv, req, gpu, ["CUDA0", "CUDA1", "CUDA1"], 123) == {"CUDA0": 123, "CUDA1": 123}
     no_split_costs = Target(host_budget=HOST, backend="cpu", compute_costs=ComputeCosts(32, 16, 0, 0, 0))
     assert device_compute(dense, kv, req, no_split_costs, ["RPC0", "RPC0"], 5) == {"RPC0": 5}
+
+
+def test_the_one_token_per_sequence_graph_counts_where_it_is_larger(dense: ModelFacts) -> None:
+    """sched_reserve's second graph has n_seq_max tokens: larger than the ubatch's only where -np exceeds -ub."""
+    kv, req = _kv(dense, tool="server", n_parallel=64, kv_unified=True, n_ubatch=32, n_ctx=4096)
+    assert (kv.context.n_ubatch, kv.context.n_seq_max) == (32, 64)
+    per_token = 32 * 64 + 16 * 96 + 4096 * 2  # activations and the f16 mask's row
+    logits = dense.vocab_size * 4 * 64
+    assert compute_estimate(dense, kv, req, costs=COSTS) == 64 * per_token + logits + 1000
+    assert host_compute_estimate(dense, kv, COSTS) == 4096 * 64 * 2 + 64 * 64 * 2 + 1000
+
+
+def test_attention_over_the_largest_tensor_runs_on_the_host(dense: ModelFacts) -> None:
+    """Without flash attention the scores (n_kv x n_ubatch x 4 heads f32) decide; with it the f16 mask."""
+    off, _ = _kv(dense, n_ubatch=256, flash_attn="off")
+    scores = 1024 * 256 * 4 * 4
+    layer_k = layer_v = 1024 * 32 * 2  # one layer's f16 K and V, 2 KV heads of 16
+    assert attention_on_host(dense, off, scores) is None  # a tensor at the limit is taken
+    assert attention_on_host(dense, off, None) is None  # no limit: CUDA, the CPU
+    assert attention_on_host(dense, off, scores - 1) == HostAttention("full", True, scores, scores + layer_k + layer_v)
+    on, _ = _kv(dense, n_ubatch=256)
+    mask = 1024 * 256 * 2
+    assert attention_on_host(dense, on, mask) is None
+    assert attention_on_host(dense, on, mask - 1) == HostAttention("full", False, mask, layer_k + layer_v)
+    q8, _ = _kv(dense, n_ubatch=256, type_k="q8_0", type_v="q8_0")
+    on_host = attention_on_host(dense, q8, mask - 1)
+    assert on_host is not None and on_host.host_bytes == 2 * 1024 * row_bytes("q8_0", 32)  # copied as they are
+
+
+def test_the_device_drops_what_the_host_runs_and_the_host_takes_it(dense: ModelFacts) -> None:
+    off, req = _kv(dense, tool="server", n_parallel=4, kv_unified=True, n_ubatch=256, flash_attn="off")
+    scores = 1024 * 256 * 4 * 4
+    kept = compute_estimate(dense, off, req, costs=COSTS, max_tensor=scores)
+    assert kept == compute_estimate(dense, off, req, costs=COSTS)
+    dropped = compute_estimate(dense, off, req, costs=COSTS, max_tensor=scores - 1)
+    # no scores nor mask (4 heads + 1, f32), and a second row of the heads' outputs: the copy back from the host
+    assert kept - dropped == 1024 * 256 * 4 * 5 - 256 * 4 * 4 * 16
+    host = host_compute_estimate(dense, off, COSTS, max_tensor=scores - 1)
+    assert host - host_compute_estimate(dense, off, COSTS) == scores + 2 * 1024 * 32 * 2
+    # the one-token-per-slot graph (4 tokens: 64 KiB of scores) stays on the device
+    assert attention_on_host(dense, off, scores - 1, n_tokens=4) is None
+
+
+def test_the_one_token_graph_is_the_device_s_larger_when_the_ubatch_s_attention_left(dense: ModelFacts) -> None:
+    """As on the H200 (Vulkan, -fa off at 515,840 cells, -np 4): the ubatch's scores on the host, the one-token
+    graph's on the device, the larger there."""
+    off, req = _kv(dense, tool="server", n_parallel=64, kv_unified=True, n_ubatch=128, n_ctx=65536, flash_attn="off")
+    one_token = compute_estimate(dense, off, req, costs=COSTS, max_tensor=65536 * 64 * 4 * 4)
+    ubatch_scores = 65536 * 128 * 4 * 4
+    assert attention_on_host(dense, off, 65536 * 64 * 4 * 4) == HostAttention(
+        "full", True, ubatch_scores, ubatch_scores + 2 * 65536 * 32 * 2
+    )
+    per_token = 32 * 64 + 16 * 96 + 4 * 4 * 16
+    assert one_token == 64 * per_token + 65536 * 64 * 4 * 5 + dense.vocab_size * 4 * 64 + 1000

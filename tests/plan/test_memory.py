@@ -11,7 +11,8 @@ from safe_llama.model.facts import ModelFacts, model_facts
 from safe_llama.model.gguf_header import GGUFHeader
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
-from safe_llama.plan.memory import allocations, memory_by_place
+from safe_llama.plan.compute import attention_on_host, host_compute_estimate
+from safe_llama.plan.memory import allocations, attention_limit, memory_by_place
 from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.split import WeightsCache, layer_places
 from safe_llama.plan.target import Target
@@ -123,3 +124,47 @@ def test_the_cache_changes_no_figure(facts: ModelFacts, policy: Policy) -> None:
     cache = WeightsCache()
     assert allocations(facts, settings, target, policy, cache) == allocations(facts, settings, target, policy)
     assert allocations(facts, settings, target, policy, cache) == allocations(facts, settings, target, policy)
+
+
+def _vulkan(integrated: bool = False) -> Target:
+    """A Vulkan GPU whose operations take no tensor above 4 GiB - 1 (an NVIDIA driver's maxStorageBufferRange)."""
+    return Target(
+        backend="vulkan", device="Vulkan0", on_gpu=True, integrated=integrated,
+        max_tensor=Sourced(4_294_967_295, "probed", "Vulkan maxStorageBufferRange"),
+        device_memory=Sourced(140 * GIB, "probed", "test"), host_budget=Sourced(120 * GIB, "declared", "test"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "limit"),
+    [
+        pytest.param({}, 4_294_967_295, id="layers-and-kv-on-the-device"),
+        pytest.param({"n_gpu_layers": 0}, None, id="ngl-0"),
+        pytest.param({"layout": Layout(kv_offload=False)}, None, id="nkvo"),
+        pytest.param({"stateful": True}, None, id="stateful"),
+    ],
+)
+def test_the_attention_limit_applies_where_the_device_runs_the_attention(
+    facts: ModelFacts, flags: dict[str, object], limit: int | None
+) -> None:
+    settings = LlamaSettings(kv=KvRequest(tool="server", n_ctx=131072, flash_attn="off"), **flags)  # type: ignore[arg-type]
+    assert attention_limit(facts, settings, _vulkan()) == limit
+    cuda = Target(backend="cuda", device="CUDA0", on_gpu=True, host_budget=Sourced(GIB, "declared", "test"))
+    assert attention_limit(facts, settings, cuda) is None  # no largest tensor known: CUDA has none
+    assert attention_limit(facts, settings, Target(backend="cpu", host_budget=Sourced(GIB, "declared", "t"))) is None
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
+@pytest.mark.parametrize("integrated", [False, True])
+def test_scores_over_the_limit_are_the_hosts_compute_not_the_devices(
+    facts: ModelFacts, type_k: str, integrated: bool
+) -> None:
+    """-fa off at 131,072 cells of llama-3B (24 heads): 6 GiB of scores, over the 4 GiB range. The host holds
+    them once (a quantized K's KQ, already the CPU's, is not added again), beside an integrated GPU too."""
+    settings = LlamaSettings(kv=KvRequest(tool="server", n_ctx=131072, flash_attn="off", type_k=type_k))
+    kv = plan_kv(facts, settings.kv)
+    on_host = attention_on_host(facts, kv, 4_294_967_295)
+    assert on_host is not None and on_host.scores and on_host.tensor_bytes == 131072 * 512 * 24 * 4
+    places = memory_by_place(facts, settings, _vulkan(integrated))
+    assert places["host"]["compute"] == host_compute_estimate(facts, kv, max_tensor=4_294_967_295)
+    assert places["host"]["compute"] > on_host.host_bytes > places["Vulkan0"]["compute"] * 50

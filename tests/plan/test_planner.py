@@ -321,3 +321,32 @@ def test_vulkan_without_a_tensor_limit_plans_against_the_allocation(policy: Poli
     facts = _facts("llama", **BIG)
     p = plan(facts, KvRequest(tool="server", n_ctx=2_000_000), vulkan(None, 2 * GIB), policy)
     assert (p.settings.kv.n_ctx or 0) > 30_720
+
+
+@pytest.mark.parametrize(
+    ("request_", "note"),
+    [
+        pytest.param(
+            KvRequest(tool="server", n_ctx=2_000_000, flash_attn="off"),
+            "attention on the CPU: one layer's KQ scores (15.74 GiB at -ub 512) are above Vulkan0's 4.00 GiB limit"
+            " per tensor (probed: Vulkan maxStorageBufferRange), so llama.cpp runs the attention there; the host's"
+            " compute buffer holds them and copies of the layer's K and V (23.61 GiB more)",
+            id="fa-off",
+        ),
+        pytest.param(
+            KvRequest(tool="server", n_ctx=2_000_000, n_ubatch=4096, n_batch=4096),
+            "attention on the CPU: the attention mask (7.41 GiB at -ub 4096) is above Vulkan0's 4.00 GiB limit per"
+            " tensor (probed: Vulkan maxStorageBufferRange), so llama.cpp runs the attention there; the host's"
+            " compute buffer holds copies of one layer's K and V (7.87 GiB more)",
+            id="ub4096",
+        ),
+        pytest.param(KvRequest(tool="server", n_ctx=2_000_000), None, id="default"),
+    ],
+)
+def test_vulkan_h200_says_where_the_attention_runs(policy: Policy, request_: KvRequest, note: str | None) -> None:
+    """Issue 36's H200 shapes on Vulkan (the first spawns of tests/fixtures/nvidia-h200-vulkan/layouts): an
+    attention tensor over the 4 GiB range puts that attention on the CPU, which the plan says in a note."""
+    facts = _facts("llama", **BIG)
+    p = plan(facts, request_, vulkan(4 * GIB - 1, 0xFFE00000), policy)
+    notes = [n for n in p.notes if n.startswith("attention on the CPU")]
+    assert notes == ([note] if note else []), (p.settings.kv, p.notes)
