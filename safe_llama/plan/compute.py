@@ -57,9 +57,9 @@ def compute_estimate(
       dense terms give 56 MiB; 16 x 2048 x 512 x 16 bytes more bounds it). With every expert on the host
       (-cmoe) the device's buffer had no such part (27,665.28 against 27,661.03 MiB dense, issue 13).
 
-    The one-token graph is the larger only where the prompt's attention runs on the host: on the H200 with
-    Vulkan, -fa off at 515,840 cells and -np 4, its scores (4 tokens x 16 heads, 125.94 MiB) and mask made the
-    134.18 MiB logged, where the prompt's graph held 57 MiB.
+    The one-token graph is the larger only where -np is above -ub, or where the prompt's attention runs on the
+    host: on the H200 with Vulkan, -fa off at 515,840 cells and -np 4, its scores (4 tokens x 16 heads,
+    125.94 MiB) and mask made the 134.18 MiB logged, where the prompt's graph needs about 65 MiB there.
     """
     costs = costs or packaged_compute_costs()
     return max(
@@ -142,8 +142,8 @@ def _attention_bytes(facts: ModelFacts, kv: KvPlan, n_tokens: int, max_tensor: i
     share of the ubatch (llama-graph.cpp build_attn_inp_kq_mask: n_tokens / n_stream rows per stream). A cache
     whose attention runs on the host (max_tensor, see attention_on_host) has neither on the device."""
     per_cell = 2 if kv.flash_attn else 4 * (max(facts.head_count, default=1) + 1)
-    on_host = {id(c) for c in _falling(facts, kv, n_tokens, max_tensor)}
-    staying = [c.cells for c in _attention_caches(kv) if id(c) not in on_host]
+    on_host = _falling(facts, kv, n_tokens, max_tensor)
+    staying = [c.cells for c in _attention_caches(kv) if c not in on_host]
     if on_host and not staying:
         return 0
     return max(staying, default=kv.context.n_ctx_seq) * n_tokens * per_cell
