@@ -133,7 +133,7 @@ class AttemptLoop:
             )
         else:
             if not (self._said and number == 1):
-                lines = tuple(step.reason for step in prepared.plan.steps)
+                lines = (*(step.reason for step in prepared.plan.steps), *prepared.plan.said)
             argv, extra = final_argv(prepared), dict(prepared.plan.env_changes)
             kv_now = retry.planned_footprint(prepared)
         last, give_up = self._last_kv, None

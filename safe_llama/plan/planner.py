@@ -42,6 +42,8 @@ class Plan:
     env_changes: Mapping[str, str]
     ctx_by_type: Mapping[str, int]  # largest context that fits per cache type (0: none)
     notes: tuple[str, ...] = ()
+    # notes a launch says too, after the steps' reasons: where llama.cpp runs a part the plan counts elsewhere
+    said: tuple[str, ...] = ()
 
     @property
     def argv_changes(self) -> dict[str, str | bool]:
@@ -119,12 +121,13 @@ def plan(
         allocs = inputs.allocations(state.settings)
     kv = plan_kv(facts, state.settings.kv)
     on_host = attention_on_host(facts, kv, attention_limit(facts, state.settings, target))
+    said: tuple[str, ...] = ()
     if on_host is not None and target.max_tensor is not None:
-        state = state.noted(
+        said = (
             host_attention_words(
                 scores=on_host.scores, tensor_bytes=on_host.tensor_bytes, host_bytes=on_host.host_bytes,
                 n_ubatch=kv.context.n_ubatch, device=target.device or "the device", limit=target.max_tensor,
-            )
+            ),
         )  # fmt: skip
     return Plan(
         settings=state.settings,
@@ -134,7 +137,8 @@ def plan(
         decided=state.decided,
         env_changes=dict(state.env),
         ctx_by_type=ctx_by_type(inputs, state.settings),
-        notes=state.notes,
+        notes=(*state.notes, *said),
+        said=said,
     )
 
 

@@ -157,3 +157,21 @@ def test_the_tied_embedding_is_counted_once_where_llama_cpp_puts_it(
     assert abs(places["Vulkan0"]["weights"] - sizes["Vulkan0"]) < MIB, (places, sizes)
     assert abs(places["host"]["weights"] - sizes["CPU_Mapped"]) < MIB, (places, sizes)
     assert places["host"]["weights"] >= dict(facts.tensors)["token_embd.weight"]
+
+
+@pytest.mark.slow
+def test_the_launch_says_when_the_attention_runs_on_the_cpu(
+    tmp_path: Path, vulkan_bin: Path, clean_env: dict[str, str]
+) -> None:
+    """-fa off over 16,384 cells of 16 heads: each layer's KQ scores (512 MiB) are over lavapipe's 128 MiB range,
+    so llama.cpp runs the attention on the CPU (its graph splits per layer); the launch says so and starts."""
+    from tests.tiny_gguf import write_tiny_gguf
+
+    env = _env(clean_env, tmp_path, vulkan_bin, {})
+    model = write_tiny_gguf(tmp_path / "heads.gguf", n_layer=2, n_head=16, n_head_kv=16, head_dim=64,
+                            n_ctx_train=1 << 20)  # fmt: skip
+    ready, err = _serve(["-m", str(model), "-c", "16384", "-fa", "off", "-np", "1", "-ctxcp", "0", "-lv", "4"], env)
+    assert ready, err[-4000:]
+    said = [line for line in err.splitlines() if line.startswith("safe-llama: attention on the CPU: ")]
+    assert len(said) == 1 and "KQ scores (512.00 MiB at -ub 512)" in said[0], err[-4000:]
+    assert re.search(r"sched_reserve: graph \(pp bs=512, tg bs=1\): nodes = [\d /]+, splits = 6 / 2", err)

@@ -345,8 +345,9 @@ def test_vulkan_without_a_tensor_limit_plans_against_the_allocation(policy: Poli
 )
 def test_vulkan_h200_says_where_the_attention_runs(policy: Policy, request_: KvRequest, note: str | None) -> None:
     """Issue 36's H200 shapes on Vulkan (the first spawns of tests/fixtures/nvidia-h200-vulkan/layouts): an
-    attention tensor over the 4 GiB range puts that attention on the CPU, which the plan says in a note."""
+    attention tensor over the 4 GiB range puts that attention on the CPU, which the plan and the launch say."""
     facts = _facts("llama", **BIG)
     p = plan(facts, request_, vulkan(4 * GIB - 1, 0xFFE00000), policy)
     notes = [n for n in p.notes if n.startswith("attention on the CPU")]
     assert notes == ([note] if note else []), (p.settings.kv, p.notes)
+    assert p.said == tuple(notes)  # the launch says it too, after the steps' reasons
