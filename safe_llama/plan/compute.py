@@ -169,7 +169,6 @@ class HostAttention:
     output (one f32 row of n_head x head_dim per token each) take the room of the inputs copied to the device
     before them (n_embd f32 rows per token: the embeddings, the V rows' indices)."""
 
-    cache: str  # the cache whose layers' attention runs on the host (full, swa, ...)
     scores: bool  # the KQ scores are over the limit (without flash attention); False: the mask (with it)
     tensor_bytes: int  # that tensor, in the graph of one ubatch
     host_bytes: int  # what the host's compute buffer holds for it: the scores and one layer's K and V
@@ -193,12 +192,7 @@ def attention_on_host(
 
     # the layers run one after another: the host holds the largest layer's at a time
     widest = max(falling, key=held)
-    return HostAttention(
-        widest.kind,
-        not kv.flash_attn,
-        _largest_attention_tensor(facts, kv, widest.cells, n_tokens),
-        held(widest),
-    )
+    return HostAttention(not kv.flash_attn, _largest_attention_tensor(facts, kv, widest.cells, n_tokens), held(widest))
 
 
 def _falling(facts: ModelFacts, kv: KvPlan, n_tokens: int, max_tensor: int | None) -> list[Cache]:

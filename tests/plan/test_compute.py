@@ -200,11 +200,11 @@ def test_attention_over_the_largest_tensor_runs_on_the_host(dense: ModelFacts) -
     layer_k = layer_v = 1024 * 32 * 2  # one layer's f16 K and V, 2 KV heads of 16
     assert attention_on_host(dense, off, scores) is None  # a tensor at the limit is taken
     assert attention_on_host(dense, off, None) is None  # no limit: CUDA, the CPU
-    assert attention_on_host(dense, off, scores - 1) == HostAttention("full", True, scores, scores + layer_k + layer_v)
+    assert attention_on_host(dense, off, scores - 1) == HostAttention(True, scores, scores + layer_k + layer_v)
     on, _ = _kv(dense, n_ubatch=256)
     mask = 1024 * 256 * 2
     assert attention_on_host(dense, on, mask) is None
-    assert attention_on_host(dense, on, mask - 1) == HostAttention("full", False, mask, layer_k + layer_v)
+    assert attention_on_host(dense, on, mask - 1) == HostAttention(False, mask, layer_k + layer_v)
     q8, _ = _kv(dense, n_ubatch=256, type_k="q8_0", type_v="q8_0")
     on_host = attention_on_host(dense, q8, mask - 1)
     assert on_host is not None and on_host.host_bytes == 2 * 1024 * row_bytes("q8_0", 32)  # copied as they are
@@ -230,8 +230,7 @@ def test_the_one_token_graph_is_the_device_s_larger_when_the_ubatch_s_attention_
     off, req = _kv(dense, tool="server", n_parallel=64, kv_unified=True, n_ubatch=128, n_ctx=65536, flash_attn="off")
     one_token = compute_estimate(dense, off, req, costs=COSTS, max_tensor=65536 * 64 * 4 * 4)
     ubatch_scores = 65536 * 128 * 4 * 4
-    assert attention_on_host(dense, off, 65536 * 64 * 4 * 4) == HostAttention(
-        "full", True, ubatch_scores, ubatch_scores + 2 * 65536 * 32 * 2
-    )
+    on_host = HostAttention(True, ubatch_scores, ubatch_scores + 2 * 65536 * 32 * 2)
+    assert attention_on_host(dense, off, 65536 * 64 * 4 * 4) == on_host
     per_token = 32 * 64 + 16 * 96 + 4 * 4 * 16
     assert one_token == 64 * per_token + 65536 * 64 * 4 * 5 + dense.vocab_size * 4 * 64 + 1000
