@@ -334,6 +334,8 @@ def allocations(
                 overhead += policy.supervisor_bytes
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
+                    # once ready, a server's supervision moves to the small handed supervisor (attempts/handoff.py)
+                    overhead = max(0, overhead - policy.handed_release_bytes)
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

@@ -1,0 +1,44 @@
+"""Tests for safe_llama/attempts/handoff.py: the end's words, written and read back, and every word that is not
+one it writes refused (the handed process deletes and writes files by them). The end itself runs for real in
+tests/process/test_handed.py and tests/attempts/test_cgroup_real.py (an OOM kill once ready, remembered)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from safe_llama.attempts.handoff import Ending, ending_words
+from safe_llama.constants import cache_root
+
+
+def test_the_words_read_back(tmp_path: os.PathLike[str]) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    record = os.path.join(cache_root(env), "launch", "ab12.marshal")
+    ledger = f"/run/user/1000/safe-llama/ledger/{os.getpid()}.json"
+    words = ending_words(ledger=ledger, kill=(1 << 30, None, 1 << 33), digest="ab12cd", record=record)
+    ending = Ending(words, env)
+    assert (ending.ledger, ending.kill, ending.digest, ending.record) == (
+        ledger,
+        (1 << 30, None, 1 << 33),
+        "ab12cd",
+        record,
+    )
+    assert Ending(ending_words(), env).kill is None
+
+
+@pytest.mark.parametrize(
+    "word",
+    [
+        pytest.param("ledger=/etc/passwd", id="ledger-not-this-pid"),
+        pytest.param("record=/home/someone/.bashrc", id="record-outside-the-cache"),
+        pytest.param("kill=1,2", id="kill-two-figures"),
+        pytest.param("kill=x,-,3", id="kill-not-a-number"),
+        pytest.param("kill=-,-,3", id="kill-no-kv"),
+        pytest.param("digest=../../x", id="digest-a-path"),
+        pytest.param("unlink=/tmp/x", id="unknown"),
+    ],
+)
+def test_a_word_it_does_not_write_is_refused(word: str, tmp_path: os.PathLike[str]) -> None:
+    with pytest.raises(ValueError, match="hand-off"):
+        Ending([word], {"XDG_CACHE_HOME": str(tmp_path)})

@@ -1,0 +1,186 @@
+"""Tests for safe_llama/process/handed.py: the hand-off's words read and checked (fast), and the handed supervisor
+for real (the CPU build's llama-server, the bundled model): the same pid, its command line the small process's,
+less memory; each signal forwarded once; the exit codes; llama-server's output after the hand-off passed on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from safe_llama.process.handed import CODE, read_words
+from tests import ROOT
+from tests.llama_run import free_port, healthy
+
+HANDED = "from safe_llama.entry import handed"
+
+
+def _pipe_fd() -> int:
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    return read_end
+
+
+def test_the_words_are_read() -> None:
+    fd = _pipe_fd()
+    try:
+        handed = read_words(
+            ["pid=4242", "tool=llama-server", f"source={fd}", "source=-", "kill_after=5.0", "last_forward=15:12.5",
+             "mask=-", "since=100.25", "counter=3=/proc/vmstat oom_kill", "health_path=/health",
+             "health_host=127.0.0.1", "health_port=8080"]
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert (handed.pid, handed.tool, handed.sources, handed.kill_after) == (4242, "llama-server", [fd, None], 5.0)
+    assert handed.last_forward == (15, 12.5) and handed.counters == {"/proc/vmstat oom_kill": 3}
+    assert handed.health is not None and (handed.health.host, handed.health.port) == ("127.0.0.1", 8080)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        pytest.param(["pid=0", "tool=x", "source=-", "kill_after=5"], id="pid-0"),
+        pytest.param(["pid=12", "tool=x", "source=1", "kill_after=5"], id="source-below-3"),
+        pytest.param(["pid=12", "tool=x", "source=999", "kill_after=5"], id="source-not-open"),
+        pytest.param(["pid=12", "tool=x", "source=-", "kill_after=nan"], id="kill-after-nan"),
+        pytest.param(["pid=12", "tool=x", "source=-"], id="no-kill-after"),
+        pytest.param(["pid=12", "pid=13", "tool=x", "source=-", "kill_after=5"], id="twice"),
+        pytest.param(["pid=12", "tool=x", "source=-", "kill_after=5", "group=relative/dir"], id="relative-group"),
+        pytest.param(["pid=12", "tool=x\n", "source=-", "kill_after=5"], id="unprintable"),
+        pytest.param(["pid=12", "tool=x", "source=-", "kill_after=5", "api_key=s"], id="unknown"),
+        pytest.param(["pid"] * 65, id="too-many"),
+    ],
+)
+def test_a_bad_word_is_refused(words: list[str]) -> None:
+    with pytest.raises(ValueError, match="hand-off"):
+        read_words(words)
+
+
+def test_the_small_process_is_started_by_the_door() -> None:
+    assert CODE.endswith(f"{HANDED}; handed()")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the real thing
+# ---------------------------------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def _charge(pid: int) -> int:
+    """KiB: RssAnon + VmPTE (bench_supervisor_memory's anonymous part)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["RssAnon"].split()[0]) + int(fields["VmPTE"].split()[0])
+
+
+@contextmanager
+def _server(
+    llama_bin: Path, model: Path, env: dict[str, str], *words: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "safe_llama", *words, "server", "-m", str(model), "-c", "2048", "--port", str(port)],
+        env={**env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not healthy(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate(timeout=30)
+        if "--no-hand-off" not in words:
+            while HANDED not in _cmdline(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+
+
+def _child(proc: subprocess.Popen[bytes]) -> int:
+    return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+
+
+@pytest.mark.slow
+def test_the_hand_off_keeps_the_pid_and_frees_the_memory(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}
+    with _server(llama_bin, bundled_model, env, "--no-hand-off") as (full, _):
+        time.sleep(1.0)
+        assert HANDED not in _cmdline(full.pid)
+        full_charge = _charge(full.pid)
+        full.send_signal(signal.SIGTERM)
+        full.communicate(timeout=30)
+    with _server(llama_bin, bundled_model, env) as (proc, _):
+        child = _child(proc)
+        assert HANDED in _cmdline(proc.pid)  # the same pid (Popen's), now the small process
+        assert int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid  # its parent
+        time.sleep(1.0)
+        handed_charge = _charge(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert handed_charge < full_charge - 5 * 1024, (handed_charge, full_charge)
+    print(f"KiB RssAnon+VmPTE once ready: full {full_charge}, handed {handed_charge}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signo", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 0), (signal.SIGHUP, 128 + signal.SIGHUP)]
+)
+def test_a_signal_reaches_llama_server_once_and_its_exit_code_is_kept(
+    signo: int, code: int, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """llama-server ends at its first SIGTERM or SIGINT (0) and at a second one says `Received second interrupt`
+    and exits 1: one forward each. It has no SIGHUP handler: 129."""
+    with _server(llama_bin, bundled_model, {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}) as (proc, _):
+        proc.send_signal(signo)
+        _, err = proc.communicate(timeout=30)
+    text = err.decode(errors="replace")
+    assert proc.returncode == code, text[-2000:]
+    assert "second interrupt" not in text
+
+
+@pytest.mark.slow
+def test_a_kill_of_llama_server_is_judged_and_its_code_kept(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    with _server(llama_bin, bundled_model, {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}) as (proc, _):
+        child = _child(proc)
+        os.kill(child, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    text = err.decode(errors="replace")
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert f"safe-llama: llama-server (pid {child}) was killed by SIGKILL (no evidence of OOM" in text, text[-2000:]
+
+
+@pytest.mark.slow
+def test_output_after_the_hand_off_is_passed_on(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    with _server(llama_bin, bundled_model, {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}) as (proc, port):
+        body = b'{"prompt": "Hello", "n_predict": 4}'
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body)
+        with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 (loopback http)
+            assert answer.status == 200
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    lines = err.decode().splitlines()
+    served = [i for i, line in enumerate(lines) if "print_timing" in line]
+    assert served and any("release" in line for line in lines[served[-1] :]), lines[-20:]
+    assert lines[-1].endswith("cleaning up before exit..."), lines[-5:]
+    llama_lines = [line for line in lines if not line.startswith("safe-llama: ")]
+    assert all(line[:1].isdigit() or not line for line in llama_lines[-40:]), llama_lines[-40:]
