@@ -19,14 +19,16 @@ if TYPE_CHECKING:
 
 
 def ending_words(
+    env: Mapping[str, str],
     *,
     ledger: str | None = None,
     kill: tuple[int, int | None, int] | None = None,
     digest: str | None = None,
     record: str | None = None,
-) -> list[str]:
+) -> list[str] | None:
     """The end's words: the ledger entry to remove, remember_kill's figures (the plan's KV, its learned largest
-    allocation, its host budget) and the key they are kept under, the early start's record to drop."""
+    allocation, its host budget) and the key they are kept under, the early start's record to drop. None where the
+    handed process would refuse one (read here as it reads them): no hand-off then."""
     out = []
     if ledger is not None:
         out.append(f"ledger={ledger}")
@@ -37,6 +39,10 @@ def ending_words(
             out.append(f"digest={digest}")
     if record is not None:
         out.append(f"record={record}")
+    try:
+        Ending(out, env)
+    except ValueError:
+        return None
     return out
 
 

@@ -221,7 +221,7 @@ def _attempts(
                 store=store,
                 record=record,
                 recorder=recorder,
-                ending=_ending(entry, prepared, digest) if options.hand_off else None,
+                ending=_ending(entry, prepared, digest, env) if options.hand_off else None,
             )
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
             remember_kill(*kill_figures(prepared), digest, outcome.killed_for_memory, env, say)
@@ -248,12 +248,14 @@ def _attempts(
             loop.free_memory_read(again)
 
 
-def _ending(entry: Entry | None, prepared: Prepared | None, digest: str | None) -> Callable[[], list[str]]:
+def _ending(
+    entry: Entry | None, prepared: Prepared | None, digest: str | None, env: Mapping[str, str]
+) -> Callable[[], list[str] | None]:
     """What this launch does after a ready child's end, in words for the handed supervisor: the ledger entry it
     removes (as written by then), the OOM kill it remembers."""
     kill = kill_figures(prepared) if prepared is not None and prepared.plan is not None else None
     return lambda: ending_words(
-        ledger=str(entry.path) if entry is not None and entry.written else None, kill=kill, digest=digest
+        env, ledger=str(entry.path) if entry is not None and entry.written else None, kill=kill, digest=digest
     )
 
 
@@ -359,7 +361,7 @@ def adopted(early: Early, door_args: list[str]) -> int:
     shared = Supervision(say, Notifier(env), table)
     outcome = run_attempt(
         shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started,
-        ending=lambda: ending_words(record=early.path) if _hand_off_on(early, door_args) else None,
+        ending=lambda: ending_words(env, record=early.path) if _hand_off_on(early, door_args) else None,
     )  # fmt: skip
     from safe_llama.remembered import fast_record
 

@@ -33,9 +33,14 @@ if TYPE_CHECKING:
 
     from safe_llama.device.probe_host import OomWatch
 
-# How the small process starts: the package the full one runs first on its path (-P: not the working directory),
-# then entry.handed (the door), which reads the words after the folder.
-CODE = "import sys; sys.path.insert(0, sys.argv[1]); from safe_llama.entry import handed; handed()"
+# How the small process starts: -P (the working directory is not on its path), the folder that holds the package
+# the full process runs added where it is not there already (`python -m safe_llama` from a checkout), then
+# entry.handed (the door), which reads the words after the folder.
+CODE = (
+    "import sys\n"
+    "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
+    "from safe_llama.entry import handed; handed()"
+)
 MOST_WORDS = 64
 MOST_COUNTERS = 16
 MOST_TEXT = 4096  # one word's value: a path, a counter's name
@@ -90,10 +95,16 @@ def words(hand_off: HandOff, address: Health | None) -> list[str]:
 
 def exec_handed(hand_off: HandOff, address: Health | None, ending: Sequence[str]) -> None:
     """Replace this process with the handed supervisor (never returns), the child's output pipes inherited for
-    the exec alone; returns only when the exec failed, everything as it was."""
+    the exec alone; returns only when the exec failed or the small process would refuse its words (read here
+    first, as it reads them), everything as it was."""
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     flags = [flag for flag, on in (("-E", sys.flags.ignore_environment), ("-s", sys.flags.no_user_site)) if on]
-    argv = [sys.executable, *flags, "-P", "-c", CODE, package, *words(hand_off, address), END, *ending]
+    own = words(hand_off, address)
+    try:
+        read_words(own)
+    except ValueError:
+        return
+    argv = [sys.executable, *flags, "-P", "-c", CODE, package, *own, END, *ending]
     sources = [fd for fd in hand_off.sources if fd is not None]
     for stream in (sys.stdout, sys.stderr):
         try:  # noqa: SIM105 -- what safe-llama wrote is out before the exec
@@ -205,8 +216,8 @@ def read_words(given: Sequence[str]) -> Handed:
             handed.group_counter = _text(name, value)
         elif name == "health_path":
             path = _text(name, value)
-        elif name == "health_unix":
-            unix = _path(name, value)
+        elif name == "health_unix":  # as llama-server was given it: relative to the same working directory
+            unix = _text(name, value)
         elif name == "health_host":
             host = _text(name, value)
         elif name == "health_port":
@@ -305,6 +316,13 @@ class Watched(Steady):
             self.check.finish()
             self.check = None
         self.notifier.close()
+        if self.child.proc is not None and self.returncode is None:
+            # Leaving on an exception: the child must not outlive the loop that relays its output (as supervise.py).
+            try:  # noqa: SIM105 -- no contextlib: light
+                os.kill(self.child.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.returncode = self.child.proc.wait()
         self.child.close()
 
 

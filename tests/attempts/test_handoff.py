@@ -16,7 +16,8 @@ def test_the_words_read_back(tmp_path: os.PathLike[str]) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     record = os.path.join(cache_root(env), "launch", "ab12.marshal")
     ledger = f"/run/user/1000/safe-llama/ledger/{os.getpid()}.json"
-    words = ending_words(ledger=ledger, kill=(1 << 30, None, 1 << 33), digest="ab12cd", record=record)
+    words = ending_words(env, ledger=ledger, kill=(1 << 30, None, 1 << 33), digest="ab12cd", record=record)
+    assert words is not None
     ending = Ending(words, env)
     assert (ending.ledger, ending.kill, ending.digest, ending.record) == (
         ledger,
@@ -24,7 +25,8 @@ def test_the_words_read_back(tmp_path: os.PathLike[str]) -> None:
         "ab12cd",
         record,
     )
-    assert Ending(ending_words(), env).kill is None
+    assert ending_words(env) == []
+    assert ending_words(env, record="/elsewhere/x.marshal") is None  # the handed process would refuse it: no hand-off
 
 
 @pytest.mark.parametrize(
