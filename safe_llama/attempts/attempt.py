@@ -117,7 +117,10 @@ def handing(
     def hand(hand_off: HandOff) -> None:
         from safe_llama.process import handed
 
-        words = ending()
+        try:
+            words = ending()
+        except Exception:  # the hand-off saves memory: never the reason a ready launch fails
+            return
         if words is not None:
             handed.exec_handed(hand_off, address, words)
 

@@ -210,6 +210,7 @@ class _Supervisor(Steady):
             and self.child.input_relay is None
             and not os.isatty(self.child.stdin_fd)
             and (self.child.stdin_fd, self.child.stdout_fd, self.child.stderr_fd) == (0, 1, 2)
+            and all(_is_open(fd) for fd in (0, 1, 2))  # else the small process's own fds could take their numbers
             and len(self.child.relays) in (1, 2)
             and self.user_stop is None
             and self.failing_since is None
@@ -261,6 +262,14 @@ class _Supervisor(Steady):
                 os.kill(self.child.proc.pid, signal.SIGKILL)
             self.returncode = self.child.proc.wait()
         self.child.close()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def supervise_child(

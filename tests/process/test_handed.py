@@ -200,3 +200,20 @@ def test_output_after_the_hand_off_is_passed_on(
     assert lines[-1].endswith("cleaning up before exit..."), lines[-5:]
     llama_lines = [line for line in lines if not line.startswith("safe-llama: ")]
     assert all(line[:1].isdigit() or not line for line in llama_lines[-40:]), llama_lines[-40:]
+
+
+@pytest.mark.slow
+def test_a_stopped_llama_server_is_said_and_a_stop_ends_it(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A SIGSTOP not ours after the hand-off: said in one line (messages.py imported only then), and a SIGTERM to
+    safe-llama then gets llama-server SIGCONT, so it ends (as the full supervisor does)."""
+    with _server(llama_bin, bundled_model, {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}) as (proc, _):
+        child = _child(proc)
+        os.kill(child, signal.SIGSTOP)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    text = err.decode(errors="replace")
+    assert f"safe-llama: llama-server (pid {child}) is stopped (SIGSTOP): it does nothing" in text, text[-2000:]
+    assert proc.returncode == 0, text[-2000:]
