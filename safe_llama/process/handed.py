@@ -44,7 +44,7 @@ CODE = (
 MOST_WORDS = 64
 MOST_COUNTERS = 16
 MOST_TEXT = 4096  # one word's value: a path, a counter's name
-END = "--"  # the hand-off's own words end here; the caller's follow (steady_words)
+END = "--"  # the hand-off's own words end here; the caller's follow (attempts/handoff.py's ending_words)
 
 
 class HandOff:
@@ -164,6 +164,15 @@ def _path(name: str, text: str) -> str:
     return text
 
 
+def _child_pid(text: str) -> int:
+    pid = int(_number("pid", text, int, 2, 1 << 22))
+    try:  # WNOWAIT: a child that has ended stays to be reaped by the loop
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WSTOPPED | os.WCONTINUED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        raise ValueError(f"the hand-off's pid {pid} is not this process's child") from None
+    return pid
+
+
 def _source(text: str) -> int | None:
     if text == "-":
         return None
@@ -192,7 +201,7 @@ def read_words(given: Sequence[str]) -> Handed:
             raise ValueError(f"the hand-off names {name} twice")
         seen.add(name)
         if name == "pid":
-            handed.pid = int(_number(name, value, int, 2, 1 << 22))
+            handed.pid = _child_pid(value)
         elif name == "tool":
             handed.tool = _text(name, value)
         elif name == "source" and len(handed.sources) < 2:

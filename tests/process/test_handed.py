@@ -31,15 +31,18 @@ def _pipe_fd() -> int:
 
 def test_the_words_are_read() -> None:
     fd = _pipe_fd()
+    child = subprocess.Popen(["sleep", "5"])
     try:
         handed = read_words(
-            ["pid=4242", "tool=llama-server", f"source={fd}", "source=-", "kill_after=5.0", "last_forward=15:12.5",
-             "mask=-", "since=100.25", "counter=3=/proc/vmstat oom_kill", "health_path=/health",
+            [f"pid={child.pid}", "tool=llama-server", f"source={fd}", "source=-", "kill_after=5.0",
+             "last_forward=15:12.5", "mask=-", "since=100.25", "counter=3=/proc/vmstat oom_kill", "health_path=/health",
              "health_host=127.0.0.1", "health_port=8080"]
         )  # fmt: skip
     finally:
         os.close(fd)
-    assert (handed.pid, handed.tool, handed.sources, handed.kill_after) == (4242, "llama-server", [fd, None], 5.0)
+        child.kill()
+        child.wait()
+    assert (handed.pid, handed.tool, handed.sources, handed.kill_after) == (child.pid, "llama-server", [fd, None], 5.0)
     assert handed.last_forward == (15, 12.5) and handed.counters == {"/proc/vmstat oom_kill": 3}
     assert handed.health is not None and (handed.health.host, handed.health.port) == ("127.0.0.1", 8080)
 
@@ -48,6 +51,7 @@ def test_the_words_are_read() -> None:
     "words",
     [
         pytest.param(["pid=0", "tool=x", "source=-", "kill_after=5"], id="pid-0"),
+        pytest.param([f"pid={os.getppid()}", "tool=x", "source=-", "kill_after=5"], id="pid-not-a-child"),
         pytest.param(["pid=12", "tool=x", "source=1", "kill_after=5"], id="source-below-3"),
         pytest.param(["pid=12", "tool=x", "source=999", "kill_after=5"], id="source-not-open"),
         pytest.param(["pid=12", "tool=x", "source=-", "kill_after=nan"], id="kill-after-nan"),
