@@ -101,11 +101,12 @@ def _bare_python() -> int:
 
 @contextmanager
 def _server(
-    llama_bin: Path, model: Path, env: dict[str, str], *words: str
+    llama_bin: Path, model: Path, env: dict[str, str], *words: str, tool_words: tuple[str, ...] = ()
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
+    argv = ["server", "-m", str(model), "-c", "2048", "--port", str(port), *tool_words]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "safe_llama", *words, "server", "-m", str(model), "-c", "2048", "--port", str(port)],
+        [sys.executable, "-m", "safe_llama", *words, *argv],
         env={**env, "SAFE_LLAMA_BIN_DIR": str(llama_bin), "PYTHONPATH": str(ROOT)},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
@@ -221,3 +222,18 @@ def test_a_stopped_llama_server_is_said_and_a_stop_ends_it(
     text = err.decode(errors="replace")
     assert f"safe-llama: llama-server (pid {child}) is stopped (SIGSTOP): it does nothing" in text, text[-2000:]
     assert proc.returncode == 0, text[-2000:]
+
+
+@pytest.mark.slow
+def test_no_secret_is_on_the_small_process_command_line(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The hand-off passes no word of llama-server's: a key given on safe-llama's command line (which every user
+    can read) is not on the small process's."""
+    secret = "s3cr3t-key-value"  # noqa: S105 -- a test value, looked for where it must not be
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path)}
+    with _server(llama_bin, bundled_model, env, tool_words=("--api-key", secret)) as (proc, _):
+        assert HANDED in _cmdline(proc.pid) and secret not in _cmdline(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
