@@ -185,9 +185,10 @@ class _Supervisor(Steady):
         """Once ready, with nothing of its own pending, the supervision moves to the handed supervisor (the
         callback execs it and does not return); tried until hand_off_until, then never."""
         assert self.hand_off_until is not None and self.hand_off is not None
-        if time.monotonic() > self.hand_off_until or not self._quiet():
-            if time.monotonic() > self.hand_off_until:
-                self.hand_off_until = None
+        if time.monotonic() > self.hand_off_until:
+            self.hand_off_until = None  # its output did not drain in time: this supervisor stays
+            return
+        if not self._quiet():
             return
         self.hand_off_until = None  # tried once: an exec that failed leaves this supervisor at work
         proc, watch = self.child.proc, self.oom_watch
