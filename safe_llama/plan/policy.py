@@ -1,7 +1,7 @@
 """The planning policy (configs/planner.toml, overridable by the user's config.toml). Loading only.
 
-Owns reading and validating the policy; what the values mean is the planner's business. Over 400 lines on
-purpose: each key of planner.toml has its field, its schema row and its reader line here, side by side.
+Owns reading and validating the policy; what the values mean is the planner's business.
+Over 400 lines on purpose: each key of planner.toml has its field, its schema row and its reader line here.
 """
 
 from __future__ import annotations
