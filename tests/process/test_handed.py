@@ -237,3 +237,40 @@ def test_no_secret_is_on_the_small_process_command_line(
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+def _imported(importtime: str) -> set[str]:
+    return {line.rsplit("|", 1)[1].strip() for line in importtime.splitlines() if line.startswith("import time: ")}
+
+
+# what the handed supervisor must not import while llama-server runs (each a MiB or more; its end may)
+HEAVY = ("typing", "dataclasses", "json", "re", "ctypes", "threading", "pathlib", "subprocess", "http.client")
+
+
+@pytest.mark.slow
+def test_the_handed_supervisor_imports_only_what_it_needs(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`-X importtime` (PYTHONPROFILEIMPORTTIME, which the exec keeps) of the small process, read while it runs."""
+    port, log = free_port(), tmp_path / "stderr"
+    argv = ["server", "-m", str(bundled_model), "-c", "2048", "--port", str(port)]
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path), "SAFE_LLAMA_BIN_DIR": str(llama_bin),
+           "PYTHONPATH": str(ROOT), "PYTHONPROFILEIMPORTTIME": "1"}  # fmt: skip
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "safe_llama", *argv], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while HANDED not in _cmdline(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            running = log.read_text(errors="replace")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert running.count("import time: self") == 2, running[-2000:]  # the full process's, then the small one's
+    bare = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, check=True).stderr
+    modules = _imported(running.split("import time: self")[2]) - _imported(bare)  # the interpreter's own start aside
+    assert "safe_llama.process.handed" in modules
+    assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+    assert not any(m.startswith(("safe_llama.plan", "safe_llama.device", "safe_llama.pipeline")) for m in modules)
