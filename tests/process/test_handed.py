@@ -274,3 +274,39 @@ def test_the_handed_supervisor_imports_only_what_it_needs(
     assert "safe_llama.process.handed" in modules
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
     assert not any(m.startswith(("safe_llama.plan", "safe_llama.device", "safe_llama.pipeline")) for m in modules)
+
+
+@pytest.mark.slow
+def test_the_handed_supervisor_feeds_the_watchdog_while_healthy_and_says_stopping(
+    llama_bin: Path, bundled_model: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """systemd's side after the hand-off (a datagram receiver stands in for it, tests/process/test_sdnotify.py):
+    WATCHDOG=1 every half WATCHDOG_USEC while /health answers 200, none while llama-server is stopped, STOPPING=1
+    last."""
+    from tests.process.test_sdnotify import Receiver
+
+    address = str(tmp_path / "notify")
+    rx = Receiver(address)
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path), "NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"}
+    try:
+        with _server(llama_bin, bundled_model, env) as (proc, _):
+            assert HANDED in _cmdline(proc.pid)
+            before = rx.names().count("WATCHDOG")
+            time.sleep(2.2)
+            assert rx.names().count("WATCHDOG") - before >= 3
+            child = _child(proc)
+            os.kill(child, signal.SIGSTOP)
+            time.sleep(1.2)  # a check in flight when it stopped may still answer
+            stopped = rx.names().count("WATCHDOG")
+            time.sleep(2.5)
+            assert rx.names().count("WATCHDOG") == stopped
+            os.kill(child, signal.SIGCONT)
+            time.sleep(1.5)
+            assert rx.names().count("WATCHDOG") > stopped
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+            assert proc.returncode == 0
+        time.sleep(0.3)
+    finally:
+        rx.close()
+    assert rx.names()[-1] == "STOPPING"
