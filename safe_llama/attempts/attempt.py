@@ -1,10 +1,10 @@
 """One attempt of a launch: start (or adopt) llama.cpp under supervision and hand back how it ended, with what
 goes around it: the ready actions the signature watcher calls, the probe that keeps systemd's start
 timeout pushed out, and the ready actions (remember the plan, write the launch record, tell systemd, feed its
-watchdog).
+watchdog), then the hand-off of a ready llama-server's supervision to the small handed supervisor (handing).
 
 Owns run_attempt, the one attempt body of both launch.run_attempts and an early start's launch.adopted, and
-its helpers. Must not decide what to start or whether to retry: the attempt loop and its decisions are
+its helpers (when an attempt hands off among them). Must not decide what to start or whether to retry: the attempt loop and its decisions are
 attempt_loop.py's, the process handling supervise.py's.
 """
 
@@ -67,7 +67,7 @@ def run_attempt(
     write then; recorder: the launch record's window, closed where the child starts; started: the child
     an early start already runs (remembered/early.py), adopted instead of spawned. ending: the words of what the
     caller does after a ready child's end (handoff.ending_words), asked once it is ready, for the handed
-    supervisor this process then becomes (handoff.handing); None: no hand-off."""
+    supervisor this process then becomes (handing); None: no hand-off."""
     from safe_llama.process import supervise
     from safe_llama.process.readiness import HealthProbe, probe_for
     from safe_llama.process.startup import StartupWatcher
