@@ -4,8 +4,8 @@ timeout pushed out, and the ready actions (remember the plan, write the launch r
 watchdog), then the hand-off of a ready llama-server's supervision to the small handed supervisor (handing).
 
 Owns run_attempt, the one attempt body of both launch.run_attempts and an early start's launch.adopted, and
-its helpers (when an attempt hands off among them). Must not decide what to start or whether to retry: the attempt loop and its decisions are
-attempt_loop.py's, the process handling supervise.py's.
+its helpers (when an attempt hands off among them). Must not decide what to start or whether to retry: the
+attempt loop and its decisions are attempt_loop.py's, the process handling supervise.py's.
 """
 
 from __future__ import annotations
