@@ -4,11 +4,18 @@ side in one run (issue 37):
     python3 benchmarks/bench_supervisor_memory.py [--runs N] [--python /usr/bin/python3]
 
 Each round, alternated: `safe-llama server -m <bundled> -c 4096` started from its launch record (the second launch
-of the same words: the early start, the usual launch after the first) and, with --no-remember, planned (the
-first launch's path); each read once llama-server answers /health 200 and a second has passed; and the same
-interpreter running `import os; os.read(0, 1)` (the start of `python3 -c pass`, held on a pipe so it can be read).
-The figure is /proc/PID/status's VmRSS + VmPTE (resident pages, anonymous and file-backed, and page tables: what a
-cgroup is charged for the process, the file pages it shares with others aside), and RssAnon apart. Medians.
+of the same words: the early start, the usual launch after the first), with --no-remember planned (the first
+launch's path), and planned with --no-hand-off (the full supervisor kept); each read once llama-server answers
+/health 200 and a second has passed (by then a ready server's supervision is handed to the small handed
+supervisor, process/handed.py, unless --no-hand-off); and the same interpreter running `import os; os.read(0, 1)`
+(the start of `python3 -c pass`, held on a pipe so it can be read). The figure is /proc/PID/status's VmRSS +
+VmPTE (resident pages, anonymous and file-backed, and page tables: what a cgroup is charged for the process, the
+file pages it shares with others aside), and RssAnon apart. Medians. Issue 37's goal: at most 8 MiB over the bare
+interpreter once llama-server runs (tests/process/test_handed.py holds it).
+
+Last, what the hand-off gives back to a cgroup (configs/planner.toml's handed_release_bytes): RssAnon + VmPTE of
+the planned launch at its probe of the host (device/probe_host.probe_host, where it reads the cgroup's usage),
+less the handed supervisor's.
 """
 
 from __future__ import annotations
@@ -58,6 +65,29 @@ def supervisor(argv: list[str], env: dict[str, str], port: int) -> dict[str, int
         proc.wait(30)
 
 
+# the planned launch, its RssAnon + VmPTE written to a file the first time it probes the host
+AT_PROBE = """import sys
+from safe_llama.device import probe_host
+probe, where = probe_host.probe_host, [sys.argv.pop(1)]
+def noted(*args, **kwargs):
+    if where:
+        with open(where.pop(), "w") as out, open("/proc/self/status") as status:
+            out.write(status.read())
+    return probe(*args, **kwargs)
+probe_host.probe_host = noted
+from safe_llama.entry import main
+main()
+"""
+
+
+def at_probe(python: str, model: str, env: dict[str, str], port: int) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile("r", suffix=".status") as noted:
+        argv = [python, "-c", AT_PROBE, noted.name, "--no-remember", "server", "-m", model, "-c", "4096"]
+        supervisor(argv, env, port)
+        fields = dict(line.split(":", 1) for line in noted.read().splitlines() if ":" in line)
+    return {name: int(fields[name].split()[0]) for name in FIELDS}
+
+
 def bare(python: str, env: dict[str, str]) -> dict[str, int]:
     proc = subprocess.Popen([python, "-c", "import os; os.read(0, 1)"], env=env, stdin=subprocess.PIPE)
     try:
@@ -80,20 +110,27 @@ def main() -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     server = [opts.python, "-m", "safe_llama", "server", "-m", model, "-c", "4096"]
     planned = [opts.python, "-m", "safe_llama", "--no-remember", "server", "-m", model, "-c", "4096"]
+    kept = [opts.python, "-m", "safe_llama", "--no-remember", "--no-hand-off", "server", "-m", model, "-c", "4096"]
     port = free_port()  # the same words each time: the launch record is keyed on them
     supervisor(server, env, port)  # the first launch: plans, writes the record
     rows: dict[str, list[dict[str, int]]] = {"python3 (bare start)": [], "safe-llama, early start": [],
-                                             "safe-llama, planned": []}  # fmt: skip
+                                             "safe-llama, planned": [], "planned, --no-hand-off": [],
+                                             "planned, at its probe": []}  # fmt: skip
     for _ in range(opts.runs):
         rows["python3 (bare start)"].append(bare(opts.python, env))
         rows["safe-llama, early start"].append(supervisor(server, env, port))
         rows["safe-llama, planned"].append(supervisor(planned, env, free_port()))
+        rows["planned, --no-hand-off"].append(supervisor(kept, env, free_port()))
+        rows["planned, at its probe"].append(at_probe(opts.python, model, env, free_port()))
     base = statistics.median(r["VmRSS"] + r["VmPTE"] for r in rows["python3 (bare start)"])
     print(f"{opts.runs} alternated rounds, {opts.python}; KiB: VmRSS + VmPTE (RssAnon), over the bare interpreter")
     for name, samples in rows.items():
         total = statistics.median(r["VmRSS"] + r["VmPTE"] for r in samples)
         anon = statistics.median(r["RssAnon"] for r in samples)
         print(f"{name:<28}{total:>9} KiB ({anon:>6} anon){(total - base) / 1024:>9.1f} MiB over")
+    probe, handed = (statistics.median(r["RssAnon"] + r["VmPTE"] for r in rows[name])
+                     for name in ("planned, at its probe", "safe-llama, planned"))  # fmt: skip
+    print(f"given back by the hand-off (RssAnon + VmPTE at the probe less handed): {(probe - handed) / 1024:.2f} MiB")
     return 0
 
 

@@ -199,6 +199,20 @@ def main_server() -> int:
     return _end(_drop_in("server", sys.argv[1:], console=True))
 
 
+def handed() -> int:
+    """The handed supervisor's process (process/handed.py): a ready llama-server's launch, exec'd in place of the
+    full one with the hand-off's words; it ends as the launch would have (attempts/handoff.py)."""
+
+    def body() -> int:
+        from safe_llama.attempts.handoff import main as handed_main
+
+        return handed_main(sys.argv[2:])  # after -c's "-c" and the package's folder
+
+    from safe_llama.attempts.exits import guarded
+
+    return _end(guarded(body))
+
+
 def main_completion() -> int:
     """The safe-llama-completion console script: exactly llama-completion's arguments."""
     return _end(_drop_in("completion", sys.argv[1:], console=True))

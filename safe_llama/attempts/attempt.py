@@ -1,16 +1,17 @@
 """One attempt of a launch: start (or adopt) llama.cpp under supervision and hand back how it ended, with what
 goes around it: the ready actions the signature watcher calls, the probe that keeps systemd's start
 timeout pushed out, and the ready actions (remember the plan, write the launch record, tell systemd, feed its
-watchdog).
+watchdog), then the hand-off of a ready llama-server's supervision to the small handed supervisor (handing).
 
 Owns run_attempt, the one attempt body of both launch.run_attempts and an early start's launch.adopted, and
-its helpers. Must not decide what to start or whether to retry: the attempt loop and its decisions are
-attempt_loop.py's, the process handling supervise.py's.
+its helpers (when an attempt hands off among them). Must not decide what to start or whether to retry: the
+attempt loop and its decisions are attempt_loop.py's, the process handling supervise.py's.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from safe_llama.attempts.say import Say
 from safe_llama.messages import KILLED_NO_EVIDENCE
+from safe_llama.process.health import Health
 from safe_llama.process.sdnotify import Notifier
 from safe_llama.units import human
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from safe_llama.diagnosis.signatures import SignatureTable
     from safe_llama.pipeline.prepare import PlanOptions, Prepared
     from safe_llama.process.fork_exec import Started
+    from safe_llama.process.handed import HandOff
     from safe_llama.process.readiness import ReadinessProbe
     from safe_llama.process.relay import Stream
     from safe_llama.process.startup import Outcome
@@ -57,11 +60,14 @@ def run_attempt(
     record: Callable[[], None] | None = None,
     recorder: Recorder | None = None,
     started: Started | None = None,
+    ending: Callable[[], list[str] | None] | None = None,
 ) -> Outcome:
     """Attempt `number`: argv (the binary first) with env, supervised until it exits; the ready actions run
     when its start-up is over. store: the plan to remember once ready, and record: the launch record to
     write then; recorder: the launch record's window, closed where the child starts; started: the child
-    an early start already runs (remembered/early.py), adopted instead of spawned."""
+    an early start already runs (remembered/early.py), adopted instead of spawned. ending: the words of what the
+    caller does after a ready child's end (handoff.ending_words), asked once it is ready, for the handed
+    supervisor this process then becomes (handing); None: no hand-off."""
     from safe_llama.process import supervise
     from safe_llama.process.readiness import HealthProbe, probe_for
     from safe_llama.process.startup import StartupWatcher
@@ -82,6 +88,7 @@ def run_attempt(
         probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=started,
         say=lambda line: shared.say(line, "warning"),
+        hand_off=handing(tool, probe, notifier, ending),
     )
     on_ready.stop_watchdog()
     if outcome.killed_without_evidence is not None:  # a person's `kill -9`, or an OOM kill nothing names
@@ -90,6 +97,34 @@ def run_attempt(
     if outcome.ready:
         notifier.stopping()
     return outcome
+
+
+def handing(
+    tool: str, probe: ReadinessProbe, notifier: Notifier, ending: Callable[[], list[str] | None] | None
+) -> Callable[[HandOff], None] | None:
+    """What supervise_child calls to hand off once the child is ready (process/handed.py): None where this attempt
+    does not (not llama-server, no ending given, a TLS /health with systemd's watchdog on: http.client and ssl
+    are not light). ending: the end's words, asked at the hand-off (None then: the launcher's hand_off setting,
+    `--no-hand-off`, SAFE_LLAMA_HAND_OFF or `hand_off` in [launcher], says no)."""
+    from safe_llama.process.readiness import HealthProbe
+
+    if tool != "server" or ending is None or not isinstance(probe, HealthProbe):
+        return None
+    if (probe.https and notifier.watchdog_interval is not None) or not os.path.isabs(sys.executable or ""):
+        return None
+    address = Health(probe.path, probe.unix_socket, probe.host, probe.port)
+
+    def hand(hand_off: HandOff) -> None:
+        from safe_llama.process import handed
+
+        try:
+            words = ending()
+        except Exception:  # the hand-off saves memory: never the reason a ready launch fails
+            return
+        if words is not None:
+            handed.exec_handed(hand_off, address, words)
+
+    return hand
 
 
 class ReadyActions:
@@ -173,22 +208,34 @@ def remember_plan(digest: str, prepared: Prepared, env: Mapping[str, str]) -> bo
     return True
 
 
-def remember_kill(prepared: Prepared, digest: str | None, evidence: str, env: Mapping[str, str], say: Say) -> None:
-    """A ready llama.cpp was killed for lack of memory (a request touched more than the plan held): the next
-    start with the same key plans a KV below it (policy: oom_after_ready_kv_share), so a service manager's
-    restart does not meet the same kill at the next long request."""
+def kill_figures(prepared: Prepared) -> tuple[int, int | None, int]:
+    """What remember_kill needs of a plan: its KV, the largest allocation it learned, its host budget."""
+    assert prepared.plan is not None
+    return prepared.plan.kv.total_bytes, prepared.target.learned_max_alloc, prepared.target.host_budget.value
+
+
+def remember_kill(
+    kv: int,
+    learned_max_alloc: int | None,
+    budget: int,
+    digest: str | None,
+    evidence: str,
+    env: Mapping[str, str],
+    say: Say,
+) -> None:
+    """A ready llama.cpp was killed for lack of memory (a request touched more than the plan held, its KV kv,
+    kill_figures): the next start with the same key plans a KV below it (policy: oom_after_ready_kv_share), so a
+    service manager's restart does not meet the same kill at the next long request."""
     from safe_llama.paths import config_dir, configs_dir
     from safe_llama.plan.policy import load_policy
     from safe_llama.remembered import remember
 
-    assert prepared.plan is not None
-    kv = prepared.plan.kv.total_bytes
     where = f"llama.cpp was killed for lack of memory after it was ready ({evidence}) with {human(kv)} of KV"
     if digest is None:
         say(f"{where}; not remembered (remembering is off)", "error")
         return
     share = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml").oom_after_ready_kv_share
-    record = remember.after_kill(kv, share, prepared.target.learned_max_alloc, prepared.target.host_budget.value)
+    record = remember.after_kill(kv, share, learned_max_alloc, budget)
     try:
         remember.store(digest, record, env)
     except OSError as err:

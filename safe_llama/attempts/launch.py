@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from safe_llama.attempts.attempt import LaunchRecord, Supervision, remember_kill, run_attempt
+from safe_llama.attempts.attempt import LaunchRecord, Supervision, kill_figures, remember_kill, run_attempt
+from safe_llama.attempts.handoff import ending_words
 from safe_llama.attempts.say import Say
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.messages import WORKER_GONE
@@ -220,9 +221,10 @@ def _attempts(
                 store=store,
                 record=record,
                 recorder=recorder,
+                ending=_ending(entry, prepared, digest, env) if options.hand_off else None,
             )
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
-            remember_kill(prepared, digest, outcome.killed_for_memory, env, say)
+            remember_kill(*kill_figures(prepared), digest, outcome.killed_for_memory, env, say)
         verdict = loop.observe(outcome)
         failure = outcome.failure
         if isinstance(verdict, Exit) and failure is not None and failure.signature_id in _SAID_AT_EXIT:
@@ -244,6 +246,17 @@ def _attempts(
             if moved:
                 say(moved)
             loop.free_memory_read(again)
+
+
+def _ending(
+    entry: Entry | None, prepared: Prepared | None, digest: str | None, env: Mapping[str, str]
+) -> Callable[[], list[str] | None]:
+    """What this launch does after a ready child's end, in words for the handed supervisor: the ledger entry it
+    removes (as written by then), the OOM kill it remembers."""
+    kill = kill_figures(prepared) if prepared is not None and prepared.plan is not None else None
+    return lambda: ending_words(
+        env, ledger=str(entry.path) if entry is not None and entry.written else None, kill=kill, digest=digest
+    )
 
 
 def _say(say: Say, line: str, recorder: Recorder | None) -> None:
@@ -319,6 +332,19 @@ def run_launch(
         return run_attempts(tool, args, recorder.env, options, recorder=recorder, door=door)
 
 
+def _hand_off_on(early: Early, door_args: list[str]) -> bool:
+    """The launcher's hand_off setting for an early start's words (read once it is ready: a start pays nothing)."""
+    from safe_llama.cmdline import launch_args, own_options
+
+    try:
+        request = None if early.door == early.tool else launch_args.split(door_args)
+        given = {} if request is None else dict(request.settings)  # a drop-in door: the tool's words alone
+        settings, _ = launch_args.resolve_sourced(given, os.environ)
+    except SafeLlamaError:
+        return False
+    return own_options.flag(settings, "hand_off") is not False
+
+
 def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run_attempts() supervises its own; when it
     fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries)."""
@@ -333,7 +359,10 @@ def adopted(early: Early, door_args: list[str]) -> int:
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
     shared = Supervision(say, Notifier(env), table)
-    outcome = run_attempt(shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started)
+    outcome = run_attempt(
+        shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started,
+        ending=lambda: ending_words(env, record=early.path) if _hand_off_on(early, door_args) else None,
+    )  # fmt: skip
     from safe_llama.remembered import fast_record
 
     if outcome.retry or outcome.killed_for_memory is not None:  # the recorded plan failed for memory: next, plan

@@ -138,4 +138,5 @@ def launch_options(settings: Mapping[str, str], origins: Mapping[str, str] | Non
         predict=own_options.flag(settings, "predict") is not False,
         attempts=DEFAULT_ATTEMPTS if attempts is None else attempts,
         remember=own_options.flag(settings, "remember") is not False,
+        hand_off=own_options.flag(settings, "hand_off") is not False,
     )

@@ -67,6 +67,7 @@ class LaunchOptions:
     predict: bool = True  # False: the first attempt runs the command line as given
     attempts: int = DEFAULT_ATTEMPTS
     remember: bool = True
+    hand_off: bool = True  # False: the full supervisor stays once llama-server is ready (attempts/handoff.py)
 
 
 @dataclass(frozen=True)

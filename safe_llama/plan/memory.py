@@ -342,11 +342,15 @@ def allocations(
                 overhead += in_use
             if limit.kind == "cgroup":
                 # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
-                # group and grows past what was charged when it probed), what a request that fills the context
-                # adds to the server, and what the server grows into while it serves
-                overhead += policy.supervisor_bytes
+                # group and grows past what was charged when it probed, or once handed off gives it back), what a
+                # request that fills the context adds to the server, and what the server grows into while it serves
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
+                    # a ready server's supervision moves to the small handed supervisor (attempts/handoff.py)
+                    # before any request: the group gets back what the full one held when it probed
+                    overhead = max(0, overhead - policy.handed_release_bytes)
+                else:
+                    overhead += policy.supervisor_bytes
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from safe_llama.diagnosis.signatures import ESCAPES
+from safe_llama.process import health
 from safe_llama.process.relay import Stream
 
 _LISTENING = re.compile(r"listening on https?://\S+:(\d+)")
@@ -29,7 +30,6 @@ _MODEL_LOADED = re.compile(r"srv +\w+: model loaded$", re.MULTILINE)
 # A server whose task loop cannot be asked (slots endpoint off, an API key) is taken as serving once it has
 # lived this long past `model loaded` (the task loop's thread is made within milliseconds of it).
 SERVE_SETTLE = 1.0
-ANSWER_LIMIT = 1 << 20  # bytes of a /health or /slots answer read before the connection is closed
 _LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - mapping, not binding
 
 
@@ -166,7 +166,7 @@ class HealthProbe:
     https: bool = False
     unix_socket: str | None = None
     interval: float = 0.2
-    timeout: float = 1.0
+    timeout: float = health.TIMEOUT
     settle: float = SERVE_SETTLE
     _tail: _Tail = field(default_factory=lambda: _Tail(keep=128), init=False, repr=False, compare=False)
     _loaded_at: float | None = field(default=None, init=False, repr=False, compare=False)
@@ -240,25 +240,23 @@ class HealthProbe:
 
 
 def http_status(sock: socket.socket, host: str, path: str) -> int | None:
-    """The status code of `GET path` (HTTP/1.1, Connection: close) over a connected socket, the rest of the answer
-    then read and dropped (at most ANSWER_LIMIT bytes, within the socket's timeout); None when the answer is no
-    HTTP. All a readiness check asks, over plain HTTP: http.client would import the email package and ssl into
-    the supervisor (8 MiB of its memory while llama-server runs)."""
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode("ascii"))
+    """The status code of `GET path` (health.request) over a connected socket, the rest of the answer then read
+    and dropped (at most health.ANSWER_LIMIT bytes, within the socket's timeout); None when the answer is no HTTP."""
+    sock.sendall(health.request(host, path))
     head = b""
-    while b"\r\n" not in head and len(head) < 4096:
-        chunk = sock.recv(4096)
+    while b"\r\n" not in head and len(head) < health.HEAD_LIMIT:
+        chunk = sock.recv(health.HEAD_LIMIT)
         if not chunk:
             break
         head += chunk
-    words = head.split(b"\r\n", 1)[0].split(maxsplit=2)
-    if len(words) < 2 or not words[0].startswith(b"HTTP/1.") or not words[1].isdigit() or len(words[1]) != 3:
+    status = health.status_of(head)
+    if status is None:
         return None
     read = len(head)
     with contextlib.suppress(OSError):  # the status is known: a slow or endless rest changes nothing
-        while read < ANSWER_LIMIT and (chunk := sock.recv(65536)):
+        while read < health.ANSWER_LIMIT and (chunk := sock.recv(65536)):
             read += len(chunk)
-    return int(words[1])
+    return status
 
 
 def server_probe(argv: Sequence[str], env: Mapping[str, str]) -> HealthProbe:

@@ -1,7 +1,8 @@
 """Moving the child's bytes: the user's terminal in raw mode, sinks that never block, relays that queue.
 
 Owns byte order, back-pressure (HIGH_WATER) and what a vanished reader means (the child gets its EPIPE).
-Must never alter, delay or hold back a byte, and must not look at what the bytes say.
+Must never alter, delay or hold back a byte, and must not look at what the bytes say. Must stay light (no typing):
+the handed supervisor (handed.py) relays through it while llama-server runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import os
 import socket
 import stat
 import termios
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 READ_SIZE = 1 << 16
 HIGH_WATER = 1 << 20  # stop reading a source while this much of its output waits for the reader

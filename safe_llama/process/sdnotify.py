@@ -1,19 +1,20 @@
 """systemd's notify protocol with the standard library only: one datagram per message.
 
 Owns NOTIFY_SOCKET handling (path and abstract '@' sockets) and the watchdog interval. With no
-NOTIFY_SOCKET it makes no socket calls at all.
+NOTIFY_SOCKET it makes no socket calls at all. Must stay light (os; socket only to send): the handed supervisor
+(handed.py) tells systemd through it while llama-server runs.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from safe_llama.process.fork_exec import WRAPPER_ONLY_ENV
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
     import socket
+    from collections.abc import Mapping
 
 
 class Notifier:

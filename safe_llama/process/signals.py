@@ -1,18 +1,21 @@
 """Signal policy and its OS parts: which signals mean "stop", signals read from a signalfd, job-control facts
 (which are forwarded, and the child's set-up between fork and exec, are fork_exec.py's: the early start needs them).
 
-Owns what a signal is and how it is received. Must not decide when to send one: the loop in supervise.py does.
+Owns what a signal is and how it is received. Must not decide when to send one: the loops in steady.py and
+supervise.py do. Must stay light (os, signal, struct, termios; ctypes only for a signalfd): the handed supervisor
+(handed.py) reads its policy while llama-server runs.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import struct
 import termios
-from collections.abc import Sequence
-from dataclasses import dataclass
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT})
 TERMINAL_STOPS = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})  # job control, not a plain SIGSTOP
@@ -22,41 +25,35 @@ TERMINAL_STOPS = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})  # 
 # second `kill` comes later and is forwarded.
 COALESCE = 0.1
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_SIGINFO = struct.Struct("=Iii")  # ssi_signo, ssi_errno, ssi_code: the head of struct signalfd_siginfo
+_SIGINFO = struct.Struct("=I")  # ssi_signo: the head of struct signalfd_siginfo
 _SIGINFO_SIZE = 128
 
 
-@dataclass(frozen=True)
-class SigInfo:
-    signo: int
-    code: int  # SI_USER for kill(), SI_KERNEL (0x80) for the tty driver's
-
-
 class SignalFd:
-    """Signals as readable records (with their siginfo), for signals blocked in this thread."""
+    """Signals as readable records (their numbers, in the order they came), for signals blocked in this thread."""
 
     def __init__(self, signals: Sequence[int]) -> None:
+        import ctypes  # signalfd has no os.* function
+
         word_bits = ctypes.sizeof(ctypes.c_ulong) * 8
         mask = (ctypes.c_ulong * (1024 // word_bits))()  # the kernel's sigset_t is 1024 bits in glibc
         for signo in signals:
             mask[(signo - 1) // word_bits] |= 1 << ((signo - 1) % word_bits)
-        fd = _libc.signalfd(-1, ctypes.byref(mask), os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = ctypes.CDLL(None, use_errno=True).signalfd(-1, ctypes.byref(mask), os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self.fd: int = fd
 
-    def read(self) -> list[SigInfo]:
-        infos: list[SigInfo] = []
+    def read(self) -> list[int]:
+        signos: list[int] = []
         while True:
             try:
                 data = os.read(self.fd, _SIGINFO_SIZE * 16)
             except BlockingIOError:
-                return infos
+                return signos
             for offset in range(0, len(data) - _SIGINFO_SIZE + 1, _SIGINFO_SIZE):
-                signo, _err, code = _SIGINFO.unpack_from(data, offset)
-                infos.append(SigInfo(signo, code))
+                signos.append(_SIGINFO.unpack_from(data, offset)[0])
 
     def close(self) -> None:
         os.close(self.fd)

@@ -44,11 +44,6 @@ class Outcome:
         return self.failure is not None and self.failure.memory and self.user_stop_signal is None
 
 
-def exit_code_for(returncode: int) -> int:
-    """tini/dumb-init semantics: exit(N) gives N, death by signal N gives 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 class StartupWatcher:
     """Sees the child's output during start-up, every chunk after it was passed on: scans it for error
     signatures (one line scanner per stream; table None: scans nothing, the child's failures are its own

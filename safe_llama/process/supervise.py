@@ -20,46 +20,48 @@ signal reaches the child once, forwarded. Where safe-llama is the terminal's for
 child alone, exactly as they reach a bare llama.cpp; when the child stops, safe-llama stops too, so the
 shell sees its job stopped. In pty mode the child leads its own session on the pty.
 
-Over 400 lines on purpose: _Supervisor is one state machine (the child, job control, readiness, the
-signal queue, the drain after exit) whose states share fields; the stateless parts are already out.
+What runs once the child runs (relaying, forwarding, job control, reaping, the drain) is steady.py's Steady,
+which _Supervisor extends with start-up; once a llama-server is ready and nothing of its own is pending, the
+caller's hand_off may move its supervision to the small handed supervisor (handed.py), which runs Steady too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import select
 import signal
-import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from safe_llama.constants import GUARD_ENV
 from safe_llama.device.probe_host import OomWatch, judge_kill, oom_counters, watch_oom
 from safe_llama.diagnosis.signatures import Failure
-from safe_llama.messages import CHILD_CONTINUED, CHILD_STOPPED
 from safe_llama.process.channels import Child
-from safe_llama.process.fork_exec import Started, block_watched, forwardable, terminal_foreground
+from safe_llama.process.fork_exec import Started, block_watched
+from safe_llama.process.handed import HandOff
 from safe_llama.process.readiness import ProbeThread, ReadinessProbe
-from safe_llama.process.relay import DRAIN_IDLE, HIGH_WATER, READ_SIZE, Relay, Stream
-from safe_llama.process.signals import (
-    COALESCE,
-    STOP_SIGNALS,
-    TERMINAL_STOPS,
-    SigInfo,
-    SignalFd,
-    is_stopped,
-    signal_keys,
-)
-from safe_llama.process.startup import Outcome, StartupWatcher, Verdict, exit_code_for
+from safe_llama.process.relay import Relay, Stream
+from safe_llama.process.signals import STOP_SIGNALS, SignalFd, is_stopped, signal_keys
+from safe_llama.process.startup import Outcome, StartupWatcher, Verdict
+from safe_llama.process.steady import Steady, exit_code_for
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from safe_llama.process.steady import SignalSource
+
+# once ready, the seconds the hand-off waits for the relays to drain (a reader slower than that: no hand-off)
+HAND_OFF_WAIT = 5.0
 
 # ---------------------------------------------------------------------------------------------------
 # supervise_child()
 # ---------------------------------------------------------------------------------------------------
 
 
-class _Supervisor:
+class _Supervisor(Steady):
+    """Steady's loop, with start-up watched (the watcher's verdict, the readiness probe and its thread, the stop
+    of a start that failed), the pty's keys and the hand-off once ready."""
+
     def __init__(
         self,
         child: Child,
@@ -68,43 +70,18 @@ class _Supervisor:
         stop_grace: float,
         kill_after: float,
     ) -> None:
-        self.child, self.watcher, self.probe = child, watcher, probe
-        self.use_pty = child.use_pty
-        self.stop_grace, self.kill_after = stop_grace, kill_after
-        self.forwardable = forwardable()
-        self.returncode: int | None = None
+        super().__init__(child, kill_after)
+        self.watcher, self.probe = watcher, probe
+        self.stop_grace = stop_grace
         self.probe_thread: ProbeThread | None = None
         self.ready = False
         self.failing_since: float | None = None
         self.term_sent_at: float | None = None
-        self.kill_sent = False
-        self.user_stop: int | None = None
-        self.forwarded: list[int] = []
-        self.foreground_fd: int | None = None  # pipe mode: the terminal whose foreground the child holds
-        self.child_stopped_by_us = False
-        self.last_forward: tuple[int, float] = (0, 0.0)
         self.memory_counters: Callable[[], Mapping[str, int]] = oom_counters
         self.oom_watch: OomWatch | None = None
-        self.say: Callable[[str], None] | None = None  # safe-llama's own lines (a stopped child)
-        self.stop_said = False  # the child's stop was said (a SIGSTOP not ours): its SIGCONT is said too
-        self.stop_kill_at: float | None = None  # a stop asked of a stopped child: SIGKILL then if it still runs
-
-    def _terminal_foreground(self) -> int | None:
-        """Pipe mode, stdin a terminal where this process's group is in the foreground: that terminal."""
-        return None if self.use_pty else terminal_foreground(self.child.stdin_fd)
-
-    def _give_foreground(self) -> None:
-        fd = self._terminal_foreground()
-        if fd is not None and self.child.proc is not None and self.returncode is None:
-            with contextlib.suppress(OSError):
-                os.tcsetpgrp(fd, self.child.proc.pid)
-                self.foreground_fd = fd
-
-    def _take_foreground(self) -> None:
-        if self.foreground_fd is not None:
-            with contextlib.suppress(OSError):  # SIGTTOU is blocked: allowed from the background
-                os.tcsetpgrp(self.foreground_fd, os.getpgrp())
-            self.foreground_fd = None
+        self.hand_off: Callable[[HandOff], None] | None = None
+        self.hand_off_until: float | None = None  # ready: the hand-off is tried until then
+        self.mask_before: set[int] = set()  # the signal mask before supervision: the handed one restores it at its end
 
     def spawn(self, started: Started | None) -> None:
         since = time.monotonic()
@@ -131,91 +108,33 @@ class _Supervisor:
             interval = self.probe.poll_interval()
             if interval is not None:
                 self.probe_thread = ProbeThread(self.probe, interval)
-        while not self._finished():
-            self._poll_once(sigfd)
+        self.loop(sigfd)
 
-    def _finished(self) -> bool:
-        if self.returncode is None:
-            return False
-        sources_open = any(r.src is not None and r.stream is not None for r in self.child.relays)
-        pending = any(r.queue and not r.broken for r in self.child.relays)
-        return not sources_open and not pending
+    def _poll_once(self, signals: SignalSource) -> None:
+        super()._poll_once(signals)
+        if self.hand_off_until is not None:
+            self._try_hand_off()
 
-    def _poll_once(self, sigfd: SignalFd) -> None:
-        masks: dict[int, int] = {sigfd.fd: select.POLLIN}
-        if self.probe_thread is not None:
-            masks[self.probe_thread.read_fd] = select.POLLIN
-        readers: dict[int, Relay] = {}
-        writers: dict[int, Relay] = {}
-        for relay in self.child.all_relays():
-            if relay.src is not None and len(relay.queue) < HIGH_WATER:
-                readers[relay.src] = relay
-                masks[relay.src] = masks.get(relay.src, 0) | select.POLLIN
-            if relay.queue and not relay.broken:
-                writers[relay.sink.fd] = relay
-                masks[relay.sink.fd] = masks.get(relay.sink.fd, 0) | select.POLLOUT
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
-        events = poller.poll(self._timeout_ms())
-        now = time.monotonic()
-        for fd, mask in events:
-            if fd == sigfd.fd:
-                self._signals(sigfd.read())
-            elif self.probe_thread is not None and fd == self.probe_thread.read_fd:
-                os.read(fd, 1)
-                self._become_ready()
-            else:
-                # A relay whose sink broke earlier in this loop has closed its source: skip it.
-                if fd in readers and readers[fd].src == fd and mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    self._read(readers[fd], now)
-                if fd in writers and mask & (select.POLLOUT | select.POLLHUP | select.POLLERR):
-                    writers[fd].flush()
-        if self.returncode is None:
-            self._timers(now)
-        elif not events:
-            # The child is gone and its output channels stayed quiet: a grandchild holds them open.
-            for relay in self.child.relays:
-                relay.close_src()
+    def extra_fds(self) -> dict[int, int]:
+        return {} if self.probe_thread is None else {self.probe_thread.read_fd: select.POLLIN}
 
-    def _timeout_ms(self) -> int:
-        now = time.monotonic()
-        deadlines: list[float] = []
-        if self.returncode is None:
-            if self.failing_since is not None and self.term_sent_at is None:
-                deadlines.append(self.failing_since + self.stop_grace)
-            if self.term_sent_at is not None and not self.kill_sent:
-                deadlines.append(self.term_sent_at + self.kill_after)
-            if self.stop_kill_at is not None and not self.kill_sent:
-                deadlines.append(self.stop_kill_at)
-        else:
-            deadlines.append(now + DRAIN_IDLE)
-        if not deadlines:
-            return -1
-        return max(0, int((min(deadlines) - now) * 1000) + 1)
+    def on_event(self, fd: int, mask: int) -> None:
+        os.read(fd, 1)
+        self._become_ready()
 
-    def _read(self, relay: Relay, now: float) -> None:
-        if relay.src is None:
-            return
-        try:
-            data = os.read(relay.src, READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:  # EIO: the pty's last slave closed
-            data = b""
-        if not data:
-            relay.close_src()
-            if relay.stream is None:
-                self.child.input_relay = None
-            return
-        if relay.stream is None:
-            self._user_input(relay, data)
-            return
-        relay.push(data)
-        if not self.ready:
+    def seen(self, relay: Relay, data: bytes, now: float) -> None:
+        if not self.ready and relay.stream is not None:
             self._startup_output(relay.stream, data, now)
 
-    def _user_input(self, relay: Relay, data: bytes) -> None:
+    def deadlines(self, now: float) -> list[float]:
+        deadlines: list[float] = []
+        if self.failing_since is not None and self.term_sent_at is None:
+            deadlines.append(self.failing_since + self.stop_grace)
+        if self.term_sent_at is not None and not self.kill_sent:
+            deadlines.append(self.term_sent_at + self.kill_after)
+        return deadlines
+
+    def user_input(self, relay: Relay, data: bytes) -> None:
         """Keys go to the pty as they are, except the suspend key (^Z) while the child's pty makes signals.
 
         The child leads its own session, so the kernel discards a terminal SIGTSTP for it (an orphaned
@@ -246,11 +165,11 @@ class _Supervisor:
         self.watcher.ready()
         if self.probe_thread is not None:
             self.probe_thread.halt()
+        if self.hand_off is not None:
+            self.hand_off_until = time.monotonic() + HAND_OFF_WAIT
 
-    def _timers(self, now: float) -> None:
-        if self.stop_kill_at is not None and not self.kill_sent and now >= self.stop_kill_at:
-            self._send(signal.SIGKILL)
-            self.kill_sent = True
+    def timers(self, now: float) -> None:
+        super().timers(now)
         if self.failing_since is None or self.child.proc is None:
             return
         if self.term_sent_at is None and now >= self.failing_since + self.stop_grace:
@@ -260,124 +179,50 @@ class _Supervisor:
             self._send(signal.SIGKILL)
             self.kill_sent = True
 
-    def _send(self, signo: int) -> None:
-        if self.child.proc is not None and self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child.proc.pid, signo)
+    # -- the hand-off --------------------------------------------------------------------------------
 
-    # -- signals -------------------------------------------------------------------------------------
-
-    def _signals(self, infos: list[SigInfo]) -> None:
-        for info in infos:
-            if info.signo == signal.SIGCHLD:
-                self._reap()
-            elif info.signo == signal.SIGWINCH:
-                self._resize()
-            elif info.signo == signal.SIGCONT:
-                self._resumed()
-            elif info.signo == signal.SIGTSTP:
-                self._suspend()
-            else:
-                self._forward(info)
-
-    def _forward(self, info: SigInfo) -> None:
-        if info.signo in STOP_SIGNALS and self.user_stop is None:
-            self.user_stop = info.signo
-        now = time.monotonic()
-        last_signo, last_at = self.last_forward
-        if info.signo == last_signo and now - last_at < COALESCE:
+    def _try_hand_off(self) -> None:
+        """Once ready, with nothing of its own pending, the supervision moves to the handed supervisor (the
+        callback execs it and does not return); tried until hand_off_until, then never."""
+        assert self.hand_off_until is not None and self.hand_off is not None
+        if time.monotonic() > self.hand_off_until:
+            self.hand_off_until = None  # its output did not drain in time: this supervisor stays
             return
-        if self.returncode is None:  # the child is in no group a sender knows of: it gets it from us only
-            self._send(info.signo)
-            self.forwarded.append(info.signo)
-            self.last_forward = (info.signo, now)
-            if info.signo in STOP_SIGNALS:
-                self._end_stopped()
+        if not self._quiet():
+            return
+        self.hand_off_until = None  # tried once: an exec that failed leaves this supervisor at work
+        proc, watch = self.child.proc, self.oom_watch
+        assert proc is not None and watch is not None
+        sources = [r.src if r.src is not None and not r.broken else None for r in self.child.relays]
+        self.hand_off(
+            HandOff(proc.pid, self._tool(), sources, self.kill_after, self.last_forward, watch, self.mask_before)
+        )
 
-    def _end_stopped(self) -> None:
-        """A stop was asked and the child is stopped (a SIGSTOP not ours): the signal waits in its queue until
-        SIGCONT, so it gets SIGCONT now, and SIGKILL if it has not ended kill_after seconds later."""
+    def _quiet(self) -> bool:
+        """Nothing but relaying and forwarding left to do: pipe mode with no terminal's foreground, the child
+        running and not stopped, no stop asked or under way, no output waiting for its reader."""
         proc = self.child.proc
-        if proc is None or self.returncode is not None or self.stop_kill_at is not None or self.child_stopped_by_us:
-            return
-        if not (self.stop_said or is_stopped(proc.pid)):
-            return
-        self.stop_kill_at = time.monotonic() + self.kill_after
-        self._signal_child_group(signal.SIGCONT)
-
-    def _resize(self) -> None:
-        if self.child.terminal is not None and self.child.master is not None:
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(self.child.master, termios.TIOCSWINSZ, self.child.terminal.window_size())
-
-    def _suspend(self) -> None:
-        """Job control: stop the child, give the terminal back as it was, stop; resume: undo."""
-        self.child_stopped_by_us = True
-        self._signal_child_group(signal.SIGSTOP)
-        self._stop_self()
-
-    def _stop_self(self) -> None:
-        self._take_foreground()
-        if self.child.terminal is not None:
-            self.child.terminal.restore()
-        os.kill(os.getpid(), signal.SIGSTOP)
-        self._resumed()
-
-    def _resumed(self) -> None:
-        if self.child.terminal is not None:
-            with contextlib.suppress(OSError, termios.error):
-                self.child.terminal.make_raw()
-            self._resize()  # the window may have changed while we were stopped
-        if self.foreground_fd is None:
-            self._give_foreground()  # `fg` made us the foreground job again (`bg` did not)
-        self.child_stopped_by_us = False
-        self._signal_child_group(signal.SIGCONT)
-
-    def _signal_child_group(self, signo: int) -> None:
-        if self.child.proc is not None and self.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.child.proc.pid, signo)
-
-    def _reap(self) -> None:
-        proc = self.child.proc
-        if proc is None or self.returncode is not None:
-            return
-        try:
-            pid, status = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if os.WIFSTOPPED(status):
-            self._stopped(pid, os.WSTOPSIG(status))
-            return
-        if os.WIFCONTINUED(status):
-            if self.stop_said and self.say is not None:
-                self.say(CHILD_CONTINUED.text(tool=self._tool(), pid=pid))
-            self.stop_said = False
-            return
-        self.returncode = os.waitstatus_to_exitcode(status)
-        proc.returncode = self.returncode
-        self._take_foreground()
-
-    def _stopped(self, pid: int, signo: int) -> None:
-        """The child stopped. The terminal's ^Z (or a read from it in the background) in pipe mode stopped
-        its group: stop as well, so the shell sees the job stopped and gets its terminal back. Any other stop
-        not ours (a user's `kill -STOP`, a debugger) is not job control: safe-llama keeps running and says it
-        (systemd's watchdog pings pause while /health does not answer); a stop asked before goes on."""
-        if self.child_stopped_by_us or not is_stopped(pid):  # ours, or undone by a SIGCONT already
-            return
-        if signo in TERMINAL_STOPS and not self.use_pty:
-            self._stop_self()
-            return
-        if not self.stop_said and self.say is not None:
-            self.say(CHILD_STOPPED.text(tool=self._tool(), pid=pid, signal=signal.Signals(signo).name))
-        self.stop_said = True
-        if self.user_stop is not None:
-            self._end_stopped()
-
-    def _tool(self) -> str:
-        return os.path.basename(self.child.argv[0])
+        return (
+            self.ready
+            and proc is not None
+            and self.returncode is None
+            and not self.use_pty
+            and self.foreground_fd is None
+            and self.child.input_relay is None
+            and not os.isatty(self.child.stdin_fd)
+            and (self.child.stdin_fd, self.child.stdout_fd, self.child.stderr_fd) == (0, 1, 2)
+            and all(_is_open(fd) for fd in (0, 1, 2))  # else the small process's own fds could take their numbers
+            and len(self.child.relays) in (1, 2)
+            and self.user_stop is None
+            and self.failing_since is None
+            and self.term_sent_at is None
+            and not self.kill_sent
+            and self.stop_kill_at is None
+            and not self.stop_said
+            and not self.child_stopped_by_us
+            and not any(r.queue for r in self.child.relays if not r.broken)
+            and not is_stopped(proc.pid)
+        )
 
     # -- the end -------------------------------------------------------------------------------------
 
@@ -386,7 +231,7 @@ class _Supervisor:
         failure: Failure | None = None
         stopped_by_us = self.term_sent_at is not None
         evidence, no_evidence = None, None
-        if self.user_stop is None and self.returncode == -signal.SIGKILL and not self.kill_sent:
+        if self.killed_unasked():
             assert self.oom_watch is not None
             evidence, why = judge_kill(self.oom_watch, self.memory_counters(), alone={os.getpid()})
             no_evidence = None if evidence is not None else why
@@ -420,6 +265,14 @@ class _Supervisor:
         self.child.close()
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def supervise_child(
     argv: Sequence[str | os.PathLike[str]],
     env: Mapping[str, str],
@@ -435,6 +288,7 @@ def supervise_child(
     memory_counters: Callable[[], Mapping[str, int]] | None = None,
     started: Started | None = None,
     say: Callable[[str], None] | None = None,
+    hand_off: Callable[[HandOff], None] | None = None,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -448,7 +302,10 @@ def supervise_child(
     pipes (early.py started it with argv and env, its watched signals blocked since), supervised from here
     on. say: where a stop of the child (SIGSTOP) and its SIGCONT are said, as they happen. A stop asked
     (SIGTERM, SIGINT, SIGHUP, SIGQUIT) while the child is stopped gets it SIGCONT, and SIGKILL kill_after
-    seconds later if it has not ended: safe-llama never waits on a stopped child.
+    seconds later if it has not ended: safe-llama never waits on a stopped child. hand_off: called once
+    the child is ready, in pipe mode with stdin no terminal, nothing pending (no stop asked, the child not
+    stopped, its output passed on: waited for HAND_OFF_WAIT at most), with what the handed supervisor needs; it
+    execs that supervisor and never returns, or returns and this one goes on.
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -457,19 +314,21 @@ def supervise_child(
     child = Child(args, {**env, GUARD_ENV: str(os.getpid())}, use_pty=pty_mode, fds=(stdin_fd, stdout_fd, stderr_fd))
     supervisor = _Supervisor(child, watcher, probe, stop_grace, kill_after)
     supervisor.say = say
+    supervisor.hand_off = hand_off
     if memory_counters is not None:
         supervisor.memory_counters = memory_counters
     watched, old_mask = block_watched(pty_mode)
     if started is not None:
         old_mask = started.mask_before
+    supervisor.mask_before = old_mask
     sigfd: SignalFd | None = None
     try:
         sigfd = SignalFd(watched)
         supervisor.spawn(started)
         supervisor.run(sigfd)
-        for info in sigfd.read():  # came with the child's end: remember a stop, nothing to forward
-            if info.signo in STOP_SIGNALS and supervisor.user_stop is None:
-                supervisor.user_stop = info.signo
+        for signo in sigfd.read():  # came with the child's end: remember a stop, nothing to forward
+            if signo in STOP_SIGNALS and supervisor.user_stop is None:
+                supervisor.user_stop = signo
         return supervisor.outcome()
     finally:
         supervisor.cleanup()

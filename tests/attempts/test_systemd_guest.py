@@ -100,6 +100,7 @@ def test_unit_under_systemd_and_cgroup_v2(tmp_path: Path) -> None:
     # a request is served (one that fills the context with FILL=full), with no OOM kill and under the limit
     assert got["first_status"] == "200" and int(got["first_n_ctx"]) > 4096
     assert got["oom_kills_after_fill"] == "0"
+    assert got["handed"] == "1" and got["main_after_fill"] == got["main"], got  # the handed supervisor, same pid
     assert int(got["peak_after_fill"]) <= MEMORY_MAX
     # the kernel's OOM killer takes llama-server before safe-llama (the unit's OOMScoreAdjust=, the child's raise)
     assert (got["oom_adj_supervisor"], got["oom_adj_server"]) == ("-1000", "0")

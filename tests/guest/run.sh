@@ -40,6 +40,7 @@ say memory_max=$(cat $cg/memory.max)
 say controllers=$(tr ' ' , </sys/fs/cgroup/cgroup.controllers)
 say pid1=$(cat /proc/1/comm)
 main=$(systemctl show -P MainPID $unit); server=$(pgrep -x llama-server | head -n 1)
+say main=$main
 say oom_adj_supervisor=$(cat /proc/$main/oom_score_adj) oom_adj_server=$(cat /proc/${server:-0}/oom_score_adj 2>/dev/null)
 journalctl -u $unit -o cat --no-pager | grep '^safe-llama' | sed 's/^/PLAN /'
 
@@ -49,6 +50,8 @@ python3 $P/fill.py 8080 first "${FILL:-short}"
 say fill_rc=$?
 say peak_after_fill=$(cat $cg/memory.peak 2>/dev/null || echo none)
 say oom_kills_after_fill=$(sed -n 's/^oom_kill //p' $cg/memory.events)
+# by then the ready server's supervision is the small handed supervisor's, in the same MainPID
+say main_after_fill=$(systemctl show -P MainPID $unit) handed=$(tr '\0' ' ' </proc/$main/cmdline | grep -c 'import handed')
 
 # 3. a kill for lack of memory once ready: the limit lowered under the running server. The kernel's OOM killer takes
 # llama-server (the unit's OOMScoreAdjust= keeps safe-llama below it); safe-llama sees it, remembers it for the

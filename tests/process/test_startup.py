@@ -1,18 +1,11 @@
-"""Tests for safe_llama/process/startup.py: the exit code of a run, and the start-up watcher on output chunks
-(failure signatures, the last line without a newline, a watcher with no table)."""
+"""Tests for safe_llama/process/startup.py: the start-up watcher on output chunks (failure signatures, the last
+line without a newline, a watcher with no table)."""
 
 from __future__ import annotations
 
-import pytest
-
 from safe_llama.diagnosis.signatures import load_table
 from safe_llama.process.relay import Stream
-from safe_llama.process.startup import StartupWatcher, Verdict, exit_code_for
-
-
-@pytest.mark.parametrize(("returncode", "code"), [(0, 0), (1, 1), (130, 130), (255, 255), (-9, 137), (-15, 143)])
-def test_exit_code_for(returncode: int, code: int) -> None:
-    assert exit_code_for(returncode) == code
+from safe_llama.process.startup import StartupWatcher, Verdict
 
 
 def test_signature_watcher_stops_at_an_allocation_failure() -> None:
