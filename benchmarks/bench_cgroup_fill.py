@@ -45,7 +45,7 @@ from benchmarks.bench_host_limits import (  # noqa: E402
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port  # noqa: E402
-from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
+from tests.tiny_gguf import write_tiny_gguf, write_wide_kv_gguf  # noqa: E402
 
 
 @contextmanager
@@ -135,8 +135,7 @@ def main() -> int:
         "llama": lambda: write_tiny_gguf(work / "llama.gguf", arch="llama", n_layer=4, n_head=8, n_head_kv=4,
                                          head_dim=64, n_ff=1024, n_ctx_train=1 << 20, name="small-llama"),
         # 16 KiB of f16 KV per cell on tiny weights: the context is nearly all of the charge
-        "wide": lambda: write_tiny_gguf(work / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512,
-                                        n_embd=64, n_ff=128, n_ctx_train=1 << 20, name="wide-kv"),
+        "wide": lambda: write_wide_kv_gguf(work),
     }  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     env |= {"SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(work), "PYTHONPATH": str(ROOT)}

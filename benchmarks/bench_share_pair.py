@@ -31,12 +31,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_host_limits import MIB, Limit, memory_group, wait_ready  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port  # noqa: E402
-from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
+from tests.tiny_gguf import write_wide_kv_gguf  # noqa: E402
 
 
 def wide_model(folder: Path) -> Path:
-    return write_tiny_gguf(folder / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
-                           n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
+    return write_wide_kv_gguf(folder)
 
 
 def group(limit: Limit) -> AbstractContextManager[Path]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port, healthy  # noqa: E402
-from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
+from tests.tiny_gguf import write_wide_kv_gguf  # noqa: E402
 
 MIB = 1 << 20
 MARGIN = 0.02  # configs/planner.toml memory_margin_fraction (cpu: default)
@@ -230,9 +230,8 @@ def main() -> int:
     model = (
         bundled_model_path(os.environ)
         if opts.model == "bundled"
-        else write_tiny_gguf(work_dir / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
-                             n_ff=128, n_ctx_train=1 << 20, name="wide-kv")
-    )  # fmt: skip
+        else write_wide_kv_gguf(work_dir)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     env |= {"SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(work_dir), "PYTHONPATH": str(ROOT)}
     cache: dict[str, list[list[int]]] = {}

@@ -199,3 +199,10 @@ def write_metadata_gguf(path: str | os.PathLike[str], arch: str, meta: Mapping[s
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def write_wide_kv_gguf(folder: Path) -> Path:
+    """folder/wide.gguf: the wide-KV llama the cgroup benchmarks and tests use (2 layers, embd 64, 4 KV heads of
+    512, ff 128): 16 KiB of f16 KV per cell on tiny weights, so the context is nearly all of the charge."""
+    return write_tiny_gguf(folder / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
+                           n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip

@@ -169,10 +169,9 @@ WIDE_LIMIT = 256 << 20
 
 
 def _wide_model(folder: Path) -> Path:
-    from tests.tiny_gguf import write_tiny_gguf
+    from tests.tiny_gguf import write_wide_kv_gguf
 
-    return write_tiny_gguf(folder / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64,
-                           n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
+    return write_wide_kv_gguf(folder)
 
 
 def _group_file(folder: Path, v2: str, v1: str) -> Path:

@@ -19,7 +19,7 @@ import pytest
 
 from safe_llama.paths import pinned_bin_dirs
 from tests import ROOT
-from tests.tiny_gguf import write_tiny_gguf
+from tests.tiny_gguf import write_wide_kv_gguf
 
 MIB = 1 << 20
 MEMORY_MAX = 256 * MIB
@@ -52,8 +52,7 @@ def _payload(folder: Path) -> None:
     bin_dir = Path(_script("build-llama.sh", "portable"))
     (folder / "bin").mkdir()
     shutil.copy2(bin_dir / "llama-server", folder / "bin" / "llama-server")
-    write_tiny_gguf(folder / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4, head_dim=512, n_embd=64, n_ff=128,
-                    n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
+    write_wide_kv_gguf(folder)
     shutil.copy2(ROOT / "README.md", folder / "README.md")
     shutil.copy2(ROOT / "configs" / "systemd" / "safe-llama-server.service", folder / "safe-llama-server.service")
     for name in ("run.sh", "fill.py"):

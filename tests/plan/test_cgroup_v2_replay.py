@@ -19,7 +19,7 @@ from safe_llama.plan.planner import Plan, plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import Target
 from tests import ROOT
-from tests.tiny_gguf import write_tiny_gguf
+from tests.tiny_gguf import write_wide_kv_gguf
 
 FIXTURES = ROOT / "tests" / "fixtures" / "cgroup-v2"
 MIB = 1 << 20
@@ -27,8 +27,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
-    path = write_tiny_gguf(tmp_path_factory.mktemp("m") / "wide.gguf", n_layer=2, n_head=4, n_head_kv=4,
-                           head_dim=512, n_embd=64, n_ff=128, n_ctx_train=1 << 20, name="wide-kv")  # fmt: skip
+    path = write_wide_kv_gguf(tmp_path_factory.mktemp("m"))
     return load_model_facts(path)
 
 
