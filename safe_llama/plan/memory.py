@@ -1,8 +1,11 @@
-"""The allocation model: what llama.cpp allocates where (weights by layer and tensor rule, KV, compute buffers,
-repacked copies, projector, draft, prompt cache) and which budget each counts against (device memory, the
-per-allocation cap, RAM, a cgroup's charge, the address space), per backend as the policy says.
+"""The allocation model: what llama.cpp allocates where (weights by layer and tensor rule, KV, compute, repacked
+copies, projector, draft, prompt cache) and which budget each counts against (device memory, the per-allocation cap,
+RAM, a cgroup's charge, the address space), per backend as the policy says.
 
-Owns that arithmetic over one set of settings; must not choose settings (the planner walks the ladder)."""
+Owns that arithmetic over one set of settings; must not choose settings (the planner walks the ladder).
+
+Over 400 lines on purpose: one place's sum per budget; its parts with a concern of their own (compute, split,
+tally, serving, allocation_words) are already out."""
 
 from __future__ import annotations
 
@@ -341,13 +344,11 @@ def allocations(
             if grows_here:
                 overhead += in_use
             if limit.kind == "cgroup":
-                # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
-                # group and grows past what was charged when it probed, or once handed off gives it back), what a
-                # request that fills the context adds to the server, and what the server grows into while it serves
+                # what the group is charged at full use, not at start: what a request filling the context adds to
+                # the server and what it grows into serving; safe-llama's supervisor grows past its charge at the
+                # probe, but a ready server's is handed off first (attempts/handoff.py), giving back what it held
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
-                    # a ready server's supervision moves to the small handed supervisor (attempts/handoff.py)
-                    # before any request: the group gets back what the full one held when it probed
                     overhead = max(0, overhead - policy.handed_release_bytes)
                 else:
                     overhead += policy.supervisor_bytes
