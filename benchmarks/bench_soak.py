@@ -227,11 +227,7 @@ def main() -> int:
     limit = opts.limit_mib * MIB
     bin_dir = pinned_bin_dir("cpu", os.environ)
     work_dir = Path(tempfile.mkdtemp())
-    model = (
-        bundled_model_path(os.environ)
-        if opts.model == "bundled"
-        else write_wide_kv_gguf(work_dir)
-    )
+    model = bundled_model_path(os.environ) if opts.model == "bundled" else write_wide_kv_gguf(work_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "SAFE_LLAMA_"))}
     env |= {"SAFE_LLAMA_BIN_DIR": str(bin_dir), "XDG_CACHE_HOME": str(work_dir), "PYTHONPATH": str(ROOT)}
     cache: dict[str, list[list[int]]] = {}
