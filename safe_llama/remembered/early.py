@@ -26,7 +26,7 @@ import os
 import sys
 
 from safe_llama import __version__, trust
-from safe_llama.constants import GUARD_ENV, cache_root, mask_values
+from safe_llama.constants import GUARD_ENV, cache_root, ledger_folders, mask_values
 from safe_llama.device.oom_counters import parse_meminfo, read_counters
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
@@ -143,7 +143,11 @@ def other_launches(env: Mapping[str, str]) -> str:
     what they hold is what a plan made beside them left out. Empty while there is no ledger: the one place
     that reads it (fast_record.build stores it, still_valid checks it through others_unchanged). Each other
     launch by its pid, start time and device; while one of them is still planning or loading, a mark that matches
-    no record (what it will hold is not settled: plan beside it instead)."""
+    no record (what it will hold is not settled: plan beside it instead). No entry in any ledger folder: none,
+    read without importing the ledger (its entries' parsing and the device limits it counts with are most of
+    an early start's imports)."""
+    if not any(_holds_entries(folder) for folder in ledger_folders(env)):
+        return ""  # what ledger.read_all reads there: nothing
     from safe_llama.device import ledger
     from safe_llama.device.reservations import READY
 
@@ -151,6 +155,15 @@ def other_launches(env: Mapping[str, str]) -> str:
     if any(launch.state != READY for launch in others):
         return f"unsettled {os.getpid()} {os.times().elapsed}"
     return "|".join(sorted(f"{launch.pid}:{launch.start}:{launch.device}" for launch in others))
+
+
+def _holds_entries(folder: str) -> bool:
+    """The folder lists a file an entry could be (ledger.read reads its *.json; whether it is trusted, live and
+    well-formed is ledger.read's to say)."""
+    try:
+        return any(name.endswith(".json") for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 def others_unchanged(record: Mapping[str, Any], others: str) -> bool:
