@@ -43,7 +43,9 @@ NEITHER = {
 }
 # and these a plan goes without, which the supervisor needs (signals, sockets, the terminal)
 PLAN_ALSO = {"ctypes", "select", "selectors", "signal", "socket", "termios"}
-# the safe-llama modules `plan --json server -m MODEL` imports
+# the safe-llama modules `plan --json server -m MODEL` imports (its second run): not the header's reader and the
+# architectures' rules (model.header_facts, on a facts cache miss), the probes' subprocess door (device.proc, when a
+# probe runs), nor Vulkan's probe and limits (where a Vulkan device is listed or asked for)
 PLAN_MODULES = {
     *("attempts", "attempts.exits", "commands", "commands.plan", "constants", "entry", "errors", "messages"),
     *("paths", "state", "trust", "units", "pipeline", "pipeline.options", "pipeline.prepare"),
@@ -55,12 +57,10 @@ PLAN_MODULES = {
     *("device", "device.binaries", "device.declared", "device.drivers", "device.free_memory"),
     *("device.host_budget", "device.limits", "device.llama_listing", "device.matching", "device.oom_counters"),
     *("device.probe_free", "device.probe_host", "device.probe_opencl", "device.probe_sysfs"),
-    *("device.probe_vulkan", "device.probing", "device.proc", "device.profiles", "device.self_check"),
-    *("device.target_device", "device.vendor_free", "device.vulkan_limits"),
+    *("device.probing", "device.profiles", "device.self_check", "device.target_device", "device.vendor_free"),
     *("device.ledger", "device.reservations"),  # the plan lists other launches and plans beside them
     *("cmdline.bundled_chat", "model.bundled"),  # the bundled model, however named: its chat options (shlex too)
-    *("model", "model.arch", "model.cache_types", "model.facts", "model.facts_cache", "model.gguf_constants"),
-    *("model.gguf_header", "model.hparams", "model.kv", "model.sparse"),
+    *("model", "model.cache_types", "model.facts", "model.facts_cache", "model.gguf_constants", "model.kv"),
     *("plan", "plan.allocation_words", "plan.compute", "plan.lessons", "plan.memory", "plan.planner", "plan.policy"),
     *("plan.render", "plan.serving", "plan.split", "plan.steps", "plan.tally", "plan.target", "plan.weights_off"),
 }

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
-from safe_llama.device.proc import run_module
 from safe_llama.errors import SafeLlamaError
 
 if TYPE_CHECKING:
@@ -275,6 +274,8 @@ def probe_opencl_isolated(env: Mapping[str, str], *, timeout: float = 60.0) -> O
     """probe_opencl in a child Python. A broken driver that crashes or hangs cannot take safe-llama with
     it, and the ICDs read `env` (pocl reads POCL_MEMORY_LIMIT when it loads, NEO its debug keys)."""
     try:
+        from safe_llama.device.proc import run_module  # only a probe that runs (a cache miss) needs it
+
         captured = run_module("safe_llama.device.probe_opencl", env_scan.whole(env), timeout=timeout)
     except SafeLlamaError as err:
         return OpenCLReport(devices=(), status="error", note=f"could not start the OpenCL probe: {err}")

@@ -10,14 +10,16 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus
 from safe_llama.messages import MODEL_PROBLEM
-from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts, load_model_facts
-from safe_llama.model.sparse import SparseMemory
+from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts
 from safe_llama.paths import cache_dir
+
+if TYPE_CHECKING:  # a sparse-attention model's memory: imported where one is read back
+    from safe_llama.model.sparse import SparseMemory
 
 FORMAT = 1
 
@@ -40,6 +42,8 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFact
                 return facts
         except (KeyError, TypeError, ValueError):
             pass
+    from safe_llama.model.header_facts import load_model_facts  # a miss alone reads the header
+
     facts = load_model_facts(model)
     with contextlib.suppress(OSError):  # a read-only cache only costs speed
         state.write_json(where, facts_to_json(facts))
@@ -110,6 +114,8 @@ def _sparse_from_json(d: Any) -> SparseMemory | None:
         return None
     if not isinstance(d, dict) or set(d) != {"kind", *_SPARSE_INTS, *_SPARSE_ROWS}:
         raise ValueError(f"cached model facts: bad sparse memory {d!r}")
+    from safe_llama.model.sparse import SparseMemory
+
     return SparseMemory(
         kind=_field(d, "kind", lambda v: v in _SPARSE_KINDS),
         idx_k=_ints(d, "idx_k"),

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from safe_llama.model.cache_types import CACHE_TYPE_SIZES
 from safe_llama.model.gguf_constants import constants
-from safe_llama.model.sparse import DSV4_CSA_RATIO, DSV4_HCA_RATIO, SparseMemory
+
+if TYPE_CHECKING:  # a sparse-attention model's own module: imported where its caches are sized
+    from safe_llama.model.sparse import SparseMemory
 
 PAD = 256  # GGML_PAD(n_ctx, 256) in llama_context; the SWA cache is padded the same way
 TENSOR_ALIGNMENT = 32  # ggml-impl.h; the CPU buffer type's alignment
@@ -230,6 +232,8 @@ def _dsv4_caches(facts: FactsLike, sparse: SparseMemory, ctx: Context, req: KvRe
     """llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp): a raw K-only iSWA cache, the CSA and HCA
     compressed K caches and the lightning-indexer cache, each with a stream per sequence whatever -kvu says,
     then the f32 compressor states (kv and score planes per layer)."""
+    from safe_llama.model.sparse import DSV4_CSA_RATIO, DSV4_HCA_RATIO
+
     n_seq = ctx.n_seq_max
     kv_size = ctx.n_ctx_seq
     layers = [(il, lay) for il, lay in enumerate(facts.layers) if lay.has_kv]

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model import facts_cache
+from safe_llama.model import header_facts
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for, facts_from_json, facts_to_json
 from safe_llama.model.sparse import SparseMemory
-from tests.model.test_facts import G3, SSM, facts_of, meta
+from tests.model.test_header_facts import G3, SSM, facts_of, meta
 
 
 def gemma_like() -> ModelFacts:
@@ -38,7 +38,7 @@ class Reader:
 @pytest.fixture
 def reader(monkeypatch: pytest.MonkeyPatch) -> Reader:
     counter = Reader()
-    monkeypatch.setattr(facts_cache, "load_model_facts", counter)
+    monkeypatch.setattr(header_facts, "load_model_facts", counter)  # facts_for imports it on a miss
     return counter
 
 
