@@ -41,8 +41,9 @@ NEITHER = {
     "argparse",
     "asyncio",
 }
-# and these a plan goes without, which the supervisor needs (signals, sockets, the terminal)
-PLAN_ALSO = {"ctypes", "select", "selectors", "signal", "socket", "termios"}
+# and these a plan goes without, which the supervisor needs (signals, sockets, the terminal), hashlib (OpenSSL, 2-3
+# ms: a plan's caches are named by state.cache_name) and threading (the gguf package's constants, on a cache miss)
+PLAN_ALSO = {"ctypes", "select", "selectors", "signal", "socket", "termios", "hashlib", "threading"}
 # the safe-llama modules `plan --json server -m MODEL` imports (its second run): not the header's reader and the
 # architectures' rules (model.header_facts, on a facts cache miss), the probes' subprocess door (device.proc, when a
 # probe runs), nor Vulkan's probe and limits (where a Vulkan device is listed or asked for)
@@ -60,7 +61,7 @@ PLAN_MODULES = {
     *("device.probing", "device.profiles", "device.self_check", "device.target_device", "device.vendor_free"),
     *("device.ledger", "device.reservations"),  # the plan lists other launches and plans beside them
     *("cmdline.bundled_chat", "model.bundled"),  # the bundled model, however named: its chat options (shlex too)
-    *("model", "model.cache_types", "model.facts", "model.facts_cache", "model.gguf_constants", "model.kv"),
+    *("model", "model.cache_types", "model.facts", "model.facts_cache", "model.kv"),
     *("plan", "plan.allocation_words", "plan.compute", "plan.lessons", "plan.memory", "plan.planner", "plan.policy"),
     *("plan.render", "plan.serving", "plan.split", "plan.steps", "plan.tally", "plan.target", "plan.weights_off"),
 }

@@ -8,7 +8,6 @@ nothing. Must not decide which device llama.cpp uses (target_device does).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -117,6 +116,8 @@ def fingerprint(env: Mapping[str, str]) -> str:
             continue
         if library.startswith("/"):
             parts.append(_stat_text(Path(library)))
+    import importlib.util  # a fingerprint is taken only where a GPU is listed or seen
+
     spec = importlib.util.find_spec("pyopencl")
     if spec is not None and spec.origin:
         package = Path(spec.origin).parent

@@ -111,7 +111,7 @@ def _boot_id() -> str:
         return ""
 
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: a listing's key kept whole
 
 
 def _cache_load(path: Path, key: str) -> tuple[dict[str, Any], float] | None:
@@ -142,10 +142,10 @@ def probe_llama(
     real = str(Path(binary).resolve())
     st = Path(real).stat()
     setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
-    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}")
+    key = f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}"  # kept whole: compared whole
     # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
     # a rebuilt binary overwrites its own.
-    where = cache / f"llama-{state.digest(setting, 16)}.json"
+    where = cache / f"llama-{state.cache_name(setting)}.json"
     hit = None if refresh else _cache_load(where, key)
     if hit is not None:
         (payload, probed_at), cached = hit, True

@@ -89,13 +89,14 @@ def is_bundled_model(path: str | os.PathLike[str], env: Mapping[str, str]) -> bo
         for folder in bundled_model_dirs(env):
             if _verified(folder / FILE_NAME) and os.path.samefile(model, folder / FILE_NAME):
                 return True
-        where = cache_dir(env) / "facts" / f"{state.digest('sha256|' + state.file_key(model), 32)}.json"
+        key = "sha256|" + state.file_key(model)
+        where = cache_dir(env) / "facts" / f"{state.cache_name(key)}.json"
         kept = state.read_json(where)
-        if isinstance(kept, dict) and isinstance(kept.get("sha256"), str):
+        if isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("sha256"), str):
             return bool(kept["sha256"] == SHA256)
         found = _sha256(model)
     except OSError:
         return False  # a file that cannot be read is said by the model's own reading
     with contextlib.suppress(OSError):  # a read-only cache only costs a second read
-        state.write_json(where, {"sha256": found})
+        state.write_json(where, {"key": key, "sha256": found})
     return found == SHA256

@@ -21,7 +21,7 @@ from safe_llama.paths import cache_dir
 if TYPE_CHECKING:  # a sparse-attention model's memory: imported where one is read back
     from safe_llama.model.sparse import SparseMemory
 
-FORMAT = 1
+FORMAT = 2  # 2: {"key": the file's identity, "facts"} under state.cache_name
 
 
 def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFacts:
@@ -32,12 +32,11 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFact
         raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem="model file not found") from None
     except OSError as err:
         raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=err.strerror) from None
-    digest = state.digest(f"{FORMAT}|{key}", 32)
-    where = cache_dir(env) / "facts" / f"{digest}.json"
+    where = cache_dir(env) / "facts" / f"{state.cache_name(f'{FORMAT}|{key}')}.json"
     cached = state.read_json(where)
-    if isinstance(cached, dict):
+    if isinstance(cached, dict) and cached.get("key") == key:
         try:
-            facts = facts_from_json(cached)
+            facts = facts_from_json(cached["facts"])
             if str(facts.path) == str(model):
                 return facts
         except (KeyError, TypeError, ValueError):
@@ -46,7 +45,7 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFact
 
     facts = load_model_facts(model)
     with contextlib.suppress(OSError):  # a read-only cache only costs speed
-        state.write_json(where, facts_to_json(facts))
+        state.write_json(where, {"key": key, "facts": facts_to_json(facts)})
     return facts
 
 

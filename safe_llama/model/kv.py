@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from safe_llama.model.cache_types import CACHE_TYPE_SIZES
-from safe_llama.model.gguf_constants import constants
 
 if TYPE_CHECKING:  # a sparse-attention model's own module: imported where its caches are sized
     from safe_llama.model.sparse import SparseMemory
@@ -130,6 +129,8 @@ def _sizes(type_name: str) -> tuple[int, int]:
     known = CACHE_TYPE_SIZES.get(type_name)
     if known is not None:
         return known
+    from safe_llama.model.gguf_constants import constants  # a type cache_types does not list: rare
+
     c = constants()
     block, size = c.GGML_QUANT_SIZES[c.GGMLQuantizationType[type_name.upper()]]
     return int(block), int(size)
