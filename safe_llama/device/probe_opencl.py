@@ -48,6 +48,8 @@ ENV_PREFIXES = (
 
 @dataclass(frozen=True)
 class OpenCLDevice:
+    """One OpenCL device as its ICD reports it: names, type and memory limits."""
+
     platform: str  # platform name
     platform_vendor: str
     name: str
@@ -65,6 +67,8 @@ class OpenCLDevice:
 
 @dataclass(frozen=True)
 class OpenCLReport:
+    """The OpenCL devices found, or why none were."""
+
     devices: tuple[OpenCLDevice, ...]
     status: str  # "ok", "no-pyopencl", "no-platforms", "no-devices", "error"
     note: str  # what was seen; when nothing, why

@@ -71,6 +71,8 @@ LLAMA_ENV_PREFIXES = (
 
 @dataclass(frozen=True)
 class LlamaProbe:
+    """llama.cpp's own view of the machine: its device listing and version, and whether they were cached."""
+
     binary: str
     real_path: str
     listed: ListedDevices
@@ -81,6 +83,8 @@ class LlamaProbe:
 
 @dataclass(frozen=True)
 class DeviceReport:
+    """Everything probed for one launch: the target device, the host, and each probe's report."""
+
     target: TargetDevice
     host: HostBudget
     llama: LlamaProbe | None

@@ -34,6 +34,8 @@ class LayerKV:
 
 @dataclass(frozen=True)
 class ModelFacts:
+    """One model file's facts the planner needs: its layers' KV widths, windows and recurrent state, its weights."""
+
     path: str
     file_size: int
     architecture: str

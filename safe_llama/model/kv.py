@@ -80,6 +80,8 @@ STATE_KINDS = ("csa state", "hca state", "lid state")
 
 @dataclass(frozen=True)
 class Cache:
+    """One cache llama.cpp allocates for a context (full, sliding-window, recurrent...): its cells, rows and bytes."""
+
     # full | swa | indexer | recurrent; DSV4: csa | hca (compressed K) and the STATE_KINDS
     kind: str
     cells: int
@@ -100,6 +102,8 @@ class Cache:
 
 @dataclass(frozen=True)
 class Context:
+    """The context llama.cpp builds from a request: its cells, per sequence and per stream, and its batches."""
+
     n_ctx: int
     n_ctx_seq: int
     n_seq_max: int
@@ -111,6 +115,8 @@ class Context:
 
 @dataclass(frozen=True)
 class KvPlan:
+    """Every cache of one context, as llama.cpp would allocate them."""
+
     context: Context
     caches: tuple[Cache, ...]
     flash_attn: bool

@@ -34,6 +34,8 @@ __all__ = ["Plan", "Step", "plan"]
 
 @dataclass(frozen=True)
 class Plan:
+    """The plan: the settings chosen, their caches and allocations, the steps taken to reach them."""
+
     settings: LlamaSettings
     kv: KvPlan
     allocations: tuple[Allocation, ...]
