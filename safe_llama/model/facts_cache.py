@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus
-from safe_llama.messages import MODEL_PROBLEM
 from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts
 from safe_llama.paths import cache_dir
 
@@ -28,10 +27,11 @@ def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFact
     model = Path(path)
     try:
         key = state.file_key(model)
-    except FileNotFoundError:
-        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem="model file not found") from None
     except OSError as err:
-        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=err.strerror) from None
+        from safe_llama.messages import MODEL_PROBLEM  # the templates, where one is said
+
+        problem = "model file not found" if isinstance(err, FileNotFoundError) else err.strerror
+        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=problem) from None
     where = cache_dir(env) / "facts" / f"{state.cache_name(f'{FORMAT}|{key}')}.json"
     cached = state.read_json(where)
     if isinstance(cached, dict) and cached.get("key") == key:
