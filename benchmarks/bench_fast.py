@@ -5,6 +5,7 @@
 - launch: `safe-llama completion -m <bundled> -c 4096 -n 1 -p hi -no-cnv` against the real llama-completion
   given safe-llama's final argv (taken from `plan --json`), caches warm (the usual launch after the first);
 - plan: `safe-llama plan --json completion ...` against `python3 -c pass` (the interpreter's start: the floor);
+- plan server: `safe-llama plan --json server -m <bundled>` against the same floor (issue 37's goal: at most 8x);
 - pass-through: `safe-llama-server --version` against llama-server --version (bench_passthrough's entry);
 - RSS: the supervisor's resident memory while it watches a llama-server that answers /health.
 
@@ -86,17 +87,18 @@ def main() -> int:
     }
     launch = [py, "-c", MAIN, "completion", "-m", model, *LAUNCH_ARGS]
     plan = [py, "-c", MAIN, "plan", "--json", "completion", "-m", model, *LAUNCH_ARGS]
+    plan_server = [py, "-c", MAIN, "plan", "--json", "server", "-m", model]
     passthrough = [py, "-c", PASSTHROUGH_ENTRY, "--version"]
     out = subprocess.run(plan, env=envs["this"], capture_output=True, text=True, check=True).stdout
     final = json.loads(out)["decision"]["argv"]
     direct = [str(bin_dir / "llama-completion"), *final]
     for env in envs.values():  # bytecode, facts and probe caches written once
-        for argv in (launch, plan, passthrough):
+        for argv in (launch, plan, plan_server, passthrough):
             timed(argv, env)
     rows: dict[str, list[tuple[float, float]]] = {"llama-completion (final argv)": [], "python3 -c pass": [],
                                     "llama-server --version": []}  # fmt: skip
     for name in trees:
-        for what in ("launch", "plan --json", "pass-through"):
+        for what in ("launch", "plan --json", "plan --json server", "pass-through"):
             rows[f"{what} [{name}]"] = []
     for _ in range(opts.runs):
         rows["llama-completion (final argv)"].append(timed(direct, base))
@@ -105,10 +107,12 @@ def main() -> int:
         for name, env in envs.items():
             rows[f"launch [{name}]"].append(timed(launch, env))
             rows[f"plan --json [{name}]"].append(timed(plan, env))
+            rows[f"plan --json server [{name}]"].append(timed(plan_server, env))
             rows[f"pass-through [{name}]"].append(timed(passthrough, env))
     med = {name: statistics.median(t[0] for t in times) for name, times in rows.items()}
     cpu = {name: statistics.median(t[1] for t in times) for name, times in rows.items()}
     baselines = {"launch": "llama-completion (final argv)", "plan --json": "python3 -c pass",
+                 "plan --json server": "python3 -c pass",
                  "pass-through": "llama-server --version"}  # fmt: skip
     print(f"bytecode on; {opts.runs} alternated runs; final argv: {' '.join(final)}")
     print(f"{'wall (CPU: user+sys)':<36}{'median':>9}{'min':>9}{'over base':>11}{'ratio':>7}{'CPU':>9}{'CPU over':>10}")

@@ -119,7 +119,7 @@ def planned_compute(model: str, backend: str, argv: list[str]) -> dict[str, floa
     from safe_llama.cmdline.memory_flags import LlamaSettings, gpu_layers
     from safe_llama.cmdline.request import to_request
     from safe_llama.device.limits import Sourced
-    from safe_llama.model.facts import load_model_facts
+    from safe_llama.model.header_facts import load_model_facts
     from safe_llama.paths import packaged_configs
     from safe_llama.plan.memory import memory_by_place
     from safe_llama.plan.policy import load_policy

@@ -25,6 +25,21 @@ TOOL_BINARY = {
 }
 # set in the environment of every child safe-llama starts: a safe-llama started by one refuses to loop
 GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
+# the ledger of the launches on the machine (device/ledger.py): its folder under each runtime directory
+LEDGER = "ledger"
+LEDGER_SYSTEM = "/run/safe-llama"  # the services' runtime directory
+
+
+def ledger_folders(env: Mapping[str, str], system: str = LEDGER_SYSTEM) -> tuple[str, ...]:
+    """Every ledger folder a launch reads: the unit's runtime directory, the system's, the user's (the early
+    start lists them before it imports the ledger itself)."""
+    found = []
+    if env.get("RUNTIME_DIRECTORY"):
+        found.append(os.path.join(env["RUNTIME_DIRECTORY"].split(":")[0], LEDGER))
+    found.append(os.path.join(system, LEDGER))
+    if env.get("XDG_RUNTIME_DIR"):
+        found.append(os.path.join(env["XDG_RUNTIME_DIR"], "safe-llama", LEDGER))
+    return tuple(found)
 
 
 def xdg_home(env: Mapping[str, str], name: str, fallback: str) -> str:

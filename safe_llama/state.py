@@ -136,17 +136,41 @@ def file_key(path: Path) -> str:
 
 
 def digest(text: str, length: int = 64) -> str:
-    """A hex digest for cache keys and file names."""
+    """A hex digest for cache keys compared as digests (a launch's remembered plan, a probe's fingerprint)."""
     import hashlib
 
     return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()[:length]
 
 
-TOML_FORMAT = 2  # a kept parse: {"format", "key": the source's identity, "sum": the data's digest, "data"}
+def cache_name(key: str) -> str:
+    """The file name of a cache entry that holds its whole key and is used only when that key is the one asked
+    for (a parsed config, a model's facts, a listing): a checksum of the key (zlib's crc32), not a digest, as
+    two keys sharing a name only take turns (a miss, never a wrong hit). A plan's every cache is named so: no
+    hashlib, whose OpenSSL is 2-3 ms of a plan's ~80."""
+    import zlib
+
+    return f"{zlib.crc32(key.encode('utf-8', 'surrogateescape')):08x}"
+
+
+TOML_FORMAT = 3  # a kept parse: {"format", "key": the source's identity, "sum": the data's checksum, "data"}
 
 
 def _toml_sum(data: Any) -> str:
-    return digest(json.dumps(data, sort_keys=True, separators=(",", ":")), 32)
+    """A kept parse's checksum (zlib's crc32 of its canonical JSON): what a damaged or hand-edited entry fails."""
+    import zlib
+
+    return f"{zlib.crc32(json.dumps(data, sort_keys=True, separators=(',', ':')).encode()):08x}"
+
+
+def _another_key(entry: Any, identity: str) -> bool:
+    """A well-formed kept parse of another file, or of another version of it, that shares this one's name
+    (cache_name): not damaged, only not this one's (rewritten, without a warning)."""
+    return (
+        isinstance(entry, dict)
+        and entry.get("format") == TOML_FORMAT
+        and isinstance(entry.get("key"), str)
+        and entry["key"] != identity
+    )
 
 
 def load_toml(path: Path, keep_in: Path | None = None) -> dict[str, Any]:
@@ -154,7 +178,8 @@ def load_toml(path: Path, keep_in: Path | None = None) -> dict[str, Any]:
     mtime in the key), so the next run reads JSON instead of importing tomllib and parsing (about 8 ms a
     launch); callers pass it for safe-llama's own files (the packaged configs, the user's config), never for
     others (a test's would pile up). Such a file is read only from a trusted place (trust.problem), and a kept
-    parse only when its key and sum hold (else it is removed with a warning naming it). OSError when the file
+    parse only when its key and sum hold: another key's entry under the same name (cache_name) is a miss,
+    rewritten; one of this key whose sum is wrong is removed with a warning naming it. OSError when the file
     cannot be read; ValueError (tomllib.TOMLDecodeError) when it is not TOML or lies in an untrusted place."""
     cached = None
     if keep_in is not None:
@@ -163,9 +188,9 @@ def load_toml(path: Path, keep_in: Path | None = None) -> dict[str, Any]:
             raise ValueError(f"not read: {untrusted}")
         st = os.stat(path)
         identity = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-        cached = keep_in / "toml" / f"{digest(identity, 32)}.json"
+        cached = keep_in / "toml" / f"{cache_name(identity)}.json"
         entry = read_json(cached, warn=False)
-        if entry is not None:
+        if entry is not None and not _another_key(entry, identity):
             data = entry.get("data") if isinstance(entry, dict) else None
             wrong = (
                 not isinstance(data, dict)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from safe_llama.model.arch import ARCHITECTURES, UNMODELLED
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import STATE_KINDS, KvRequest, f32_mib, mib_line, plan_kv
 from tests.llama_run import kv_lines, run_server_until_ready
 

@@ -115,6 +115,25 @@ def test_toml_is_read_once_then_from_the_cache(tmp_path: Path) -> None:
     assert len(list((tmp_path / "cache" / "safe-llama" / "toml").glob("*.json"))) == 2
 
 
+def test_a_kept_parse_of_another_key_under_the_same_name_is_a_miss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kept parses are named by a checksum of their key (state.cache_name): one of another file or version under
+    this one's name is not used, and not warned about (it is not damaged); the file is parsed and kept again."""
+    from safe_llama.state import load_toml
+
+    keep_in = tmp_path / "cache"
+    config = tmp_path / "c.toml"
+    config.write_text("a = 1\n")
+    assert load_toml(config, keep_in) == {"a": 1}
+    (cached,) = (keep_in / "toml").glob("*.json")
+    entry = json.loads(cached.read_text())
+    other = {**entry, "key": entry["key"] + "0", "data": {"a": 2}}
+    cached.write_text(json.dumps({**other, "sum": state._toml_sum(other["data"])}))
+    assert load_toml(config, keep_in) == {"a": 1} and not capsys.readouterr().err
+    assert json.loads(cached.read_text()) == entry
+
+
 def test_clearing_follows_no_symlink(tmp_path: Path) -> None:
     """`forget` clears the cache's own folders, never what a link in it points at."""
     elsewhere = tmp_path / "elsewhere"

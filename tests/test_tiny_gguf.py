@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from tests.tiny_gguf import write_tiny_gguf
 
 KV_LINE = re.compile(

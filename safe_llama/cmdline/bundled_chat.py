@@ -19,6 +19,8 @@ from safe_llama.state import load_toml
 
 @dataclass(frozen=True)
 class ChatOption:
+    """One option the bundled model's chat adds (configs/bundled-model.toml), unless the user set it."""
+
     name: str  # a llama.cpp option
     value: str | None  # None: a flag
     same: tuple[str, ...]  # other options that set the same thing: the user's choice of any of them wins
@@ -27,6 +29,8 @@ class ChatOption:
 
 @dataclass(frozen=True)
 class ChatDefaults:
+    """The bundled model's chat options, and the tools they apply to."""
+
     tools: tuple[str, ...]
     options: tuple[ChatOption, ...]  # in the order added
 

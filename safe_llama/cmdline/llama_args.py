@@ -93,11 +93,11 @@ def arg_table(tool: str, path: Path | None = None) -> ArgTable:
 # C's isspace in the "C" locale: what strtol/strtof skip before a number.
 _C_SPACE = " \t\n\v\f\r"
 _INT_RE = re.compile(r"[+-]?[0-9]+")
-_FLOAT_RE = re.compile(
-    r"[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+# compiled on its first use (re's own cache): most command lines hold no float
+_FLOAT = (
+    r"(?i)[+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
     r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-    r"|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)",
-    re.IGNORECASE,
+    r"|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)"
 )
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLT_MAX = 3.4028234663852886e38
@@ -119,7 +119,7 @@ def stoi(text: str) -> int:
 def stof(text: str) -> float:
     """std::stof (strtof): decimal or hex floats, inf, nan, trailing text ignored; ValueError where
     llama.cpp throws (no conversion, or ERANGE: overflow, or underflow below the smallest normal)."""
-    found = _FLOAT_RE.match(text.lstrip(_C_SPACE))
+    found = re.match(_FLOAT, text.lstrip(_C_SPACE))
     if found is None:
         raise ValueError(f"stof: no conversion of {text!r}")
     body = found.group(0)

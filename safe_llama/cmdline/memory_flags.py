@@ -113,6 +113,8 @@ Reader = Callable[[CommandLine, "MemoryFlag"], object]
 
 @dataclass(frozen=True)
 class MemoryFlag:
+    """One llama.cpp option that changes memory: how it is read from argv and written back."""
+
     option: str  # the canonical name: configs/llama-args.json's first long name
     label: str  # the name safe-llama's messages give it
     # the field it fills in KvRequest, LlamaSettings or Layout (each name is in one of them); DRAFT_FLAGS': DraftOptions

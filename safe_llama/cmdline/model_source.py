@@ -232,9 +232,10 @@ def resolve(cmd: CommandLine, env: Mapping[str, str]) -> ModelSource | None:
 
 # What llama.cpp requests for a model it has not downloaded yet (common/hf-cache.cpp, common/download.cpp):
 # pure rules, so pipeline/remote_header.py asks the same server for the same file before llama.cpp does.
-_REPO_ID = re.compile(r"[A-Za-z0-9_]+(?:[/.-][A-Za-z0-9_]+)*")
-_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{34,253}")
-_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+# compiled on their first use (re's own cache): a local model's plan never reads them
+_REPO_ID = r"[A-Za-z0-9_]+(?:[/.-][A-Za-z0-9_]+)*"
+_HF_TOKEN = r"hf_[A-Za-z0-9]{34,253}"  # noqa: S105 -- the shape of a token, not one
+_COMMIT = r"[0-9a-fA-F]{40}"
 
 
 def model_endpoint(env: Mapping[str, str]) -> str:
@@ -245,13 +246,13 @@ def model_endpoint(env: Mapping[str, str]) -> str:
 
 def valid_repo_id(repo: str) -> bool:
     """hf_cache's is_valid_repo_id: [A-Za-z0-9_] runs joined by single / . -, exactly one '/'."""
-    return len(repo) <= 256 and repo.count("/") == 1 and _REPO_ID.fullmatch(repo) is not None
+    return len(repo) <= 256 and repo.count("/") == 1 and re.fullmatch(_REPO_ID, repo) is not None
 
 
 def api_token(token: str | None) -> str | None:
     """The token llama.cpp sends to the HF API (is_valid_hf_token: 'hf_' and 34 to 253 letters or digits);
     the downloads themselves carry any non-empty token."""
-    return token if token and _HF_TOKEN.fullmatch(token) else None
+    return token if token and re.fullmatch(_HF_TOKEN, token) else None
 
 
 def commit_from_refs(refs: object) -> str | None:
@@ -263,7 +264,7 @@ def commit_from_refs(refs: object) -> str | None:
         if not isinstance(branch, dict):
             continue
         name, commit = branch.get("name"), branch.get("targetCommit")
-        if not (isinstance(name, str) and isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        if not (isinstance(name, str) and isinstance(commit, str) and re.fullmatch(_COMMIT, commit)):
             continue
         if name == "main":
             return commit

@@ -17,7 +17,6 @@ from safe_llama.constants import TOOL_BINARY
 from safe_llama.device.self_check import is_self as _is_self
 from safe_llama.device.self_check import own_paths
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.messages import BINARY_NO_SUCH_FILE, BINARY_NOT_FOUND
 from safe_llama.paths import pinned_bin_dirs
 
 
@@ -59,6 +58,8 @@ def locate_binary(
         candidates.append(("config bin_dir", Path(config_bin_dir) / name))
     for source, path in candidates:  # explicit choices: a wrong one is an error, not a fallback
         if not path.exists():
+            from safe_llama.messages import BINARY_NO_SUCH_FILE  # the templates, where one is said
+
             raise BINARY_NO_SUCH_FILE.error(ExitStatus.NOT_FOUND, path=path, source=source)
         if _is_self(str(path), own):
             raise SafeLlamaError(
@@ -79,4 +80,6 @@ def locate_binary(
             if untrusted is None:
                 return pinned, f"the pinned build in {where}"
             trust.say_once(f"not running {pinned} (the pinned build in {where}): {untrusted}")
+    from safe_llama.messages import BINARY_NOT_FOUND
+
     raise BINARY_NOT_FOUND.error(ExitStatus.NOT_FOUND, name=name, places=", ".join(str(p) for _, p in places))

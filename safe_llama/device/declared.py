@@ -17,12 +17,12 @@ from safe_llama.units import parse_bytes
 SIZE_MOST = 1 << 50  # 1024T: more than any device, host or RPC worker this plans for
 # A profile is a name looked up in the profile folders (device.probing), never a path: no '/', no '..', no
 # leading dot, nothing a shell or a terminal would read differently.
-PROFILE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+PROFILE_NAME = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}"  # compiled where a profile is named (re's own cache)
 
 
 def check_profile_name(name: str, where: str) -> str:
     """name when it is a profile's name; else a one-line usage error naming where it was set."""
-    if PROFILE_NAME.fullmatch(name) and ".." not in name and not name.endswith(".toml"):
+    if re.fullmatch(PROFILE_NAME, name) and ".." not in name and not name.endswith(".toml"):
         return name
     raise SafeLlamaError(
         f"safe-llama: {where}: {name[:64]!r} is not a profile name (letters, digits, '.', '_', '-'; not a path: "

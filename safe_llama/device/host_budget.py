@@ -26,6 +26,8 @@ class HostLimit:
 
 @dataclass(frozen=True)
 class HostBudget:
+    """What the host may give a launch: each limit that applies and the smallest of them."""
+
     total: Sourced[int]
     available: Sourced[int]
     cgroup_max: Sourced[int] | None  # None = no cgroup limit

@@ -24,10 +24,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from safe_llama import trust
+from safe_llama.constants import LEDGER, LEDGER_SYSTEM, ledger_folders
 from safe_llama.device.reservations import ARRIVING, PLANNED, READY, Launch
 
-SYSTEM_FOLDER = Path("/run/safe-llama")
-LEDGER = "ledger"  # the folder under a runtime directory
+SYSTEM_FOLDER = Path(LEDGER_SYSTEM)
 LOCK = ".lock"
 MOST_ENTRIES = 64  # entries read from one folder (more: the rest are not read)
 MOST_BYTES = 4096  # one entry's file
@@ -41,13 +41,7 @@ _FIELDS: dict[str, type] = {
 
 def folders(env: Mapping[str, str], system: Path = SYSTEM_FOLDER) -> tuple[Path, ...]:
     """Every ledger folder this launch reads: the unit's runtime directory, the system's, the user's."""
-    found = []
-    if env.get("RUNTIME_DIRECTORY"):
-        found.append(Path(env["RUNTIME_DIRECTORY"].split(":")[0]) / LEDGER)
-    found.append(system / LEDGER)
-    if env.get("XDG_RUNTIME_DIR"):
-        found.append(Path(env["XDG_RUNTIME_DIR"]) / "safe-llama" / LEDGER)
-    return tuple(dict.fromkeys(found))
+    return tuple(dict.fromkeys(Path(folder) for folder in ledger_folders(env, str(system))))
 
 
 def own_folder(env: Mapping[str, str]) -> Path | None:

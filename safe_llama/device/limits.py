@@ -54,6 +54,8 @@ NOTHING_DECLARED = DeclaredLimits()
 
 @dataclass(frozen=True)
 class DeviceProfile:
+    """A device profile (configs/devices/*.toml): the devices it describes and the limits it declares."""
+
     key: str  # file name without .toml
     path: str
     name: str
@@ -67,6 +69,8 @@ class DeviceProfile:
 
 @dataclass(frozen=True)
 class Choice:
+    """The llama.cpp device a command line runs on, and how it was chosen."""
+
     llama: LlamaDevice | None
     llama_name: str | None
     backend: str

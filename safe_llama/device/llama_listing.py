@@ -48,6 +48,8 @@ class LlamaDevice:
 
 @dataclass(frozen=True)
 class ListedDevices:
+    """What `--list-devices` said: the devices, or why none could be read."""
+
     devices: tuple[LlamaDevice, ...]
     problem: str | None = None  # why the output could not be read, or what llama.cpp refused
     # From an OpenVINO abort: the ids it offers instead, each with its full name.
@@ -56,6 +58,8 @@ class ListedDevices:
 
 @dataclass(frozen=True)
 class LlamaVersion:
+    """What `--version` said: the version, build, commit, compiler and target."""
+
     version: str  # "0.6.0-dev"
     build: int | None
     commit: str | None

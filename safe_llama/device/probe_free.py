@@ -49,6 +49,8 @@ class FreeReading:
 
 @dataclass(frozen=True)
 class FreeReport:
+    """The vendors' free-memory readings taken now, and what answered."""
+
     readings: tuple[FreeReading, ...]
     driver: str | None  # NVML's driver version, when NVML answered
     note: str  # what was asked and what answered, for `devices`

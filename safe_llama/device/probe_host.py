@@ -27,6 +27,8 @@ _V1_UNLIMITED = 1 << 62
 
 @dataclass(frozen=True)
 class CgroupMemory:
+    """This process's cgroup memory: the tightest limit on the way up, what is used, what is reclaimable."""
+
     version: int  # 1 or 2
     limit_dir: str | None  # the cgroup directory whose limit is the tightest (None: no limit anywhere)
     max_bytes: int | None  # memory.max / memory.limit_in_bytes; None = unlimited
@@ -40,6 +42,8 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class HostMemory:
+    """The host's memory: total and available RAM, the cgroup's and the address-space limit."""
+
     total_bytes: int
     available_bytes: int
     cgroup: CgroupMemory | None

@@ -8,7 +8,6 @@ nothing. Must not decide which device llama.cpp uses (target_device does).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -19,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
-from safe_llama.device.proc import run_module
 from safe_llama.errors import SafeLlamaError
 
 if TYPE_CHECKING:
@@ -50,6 +48,8 @@ ENV_PREFIXES = (
 
 @dataclass(frozen=True)
 class OpenCLDevice:
+    """One OpenCL device as its ICD reports it: names, type and memory limits."""
+
     platform: str  # platform name
     platform_vendor: str
     name: str
@@ -67,6 +67,8 @@ class OpenCLDevice:
 
 @dataclass(frozen=True)
 class OpenCLReport:
+    """The OpenCL devices found, or why none were."""
+
     devices: tuple[OpenCLDevice, ...]
     status: str  # "ok", "no-pyopencl", "no-platforms", "no-devices", "error"
     note: str  # what was seen; when nothing, why
@@ -118,6 +120,8 @@ def fingerprint(env: Mapping[str, str]) -> str:
             continue
         if library.startswith("/"):
             parts.append(_stat_text(Path(library)))
+    import importlib.util  # a fingerprint is taken only where a GPU is listed or seen
+
     spec = importlib.util.find_spec("pyopencl")
     if spec is not None and spec.origin:
         package = Path(spec.origin).parent
@@ -275,6 +279,8 @@ def probe_opencl_isolated(env: Mapping[str, str], *, timeout: float = 60.0) -> O
     """probe_opencl in a child Python. A broken driver that crashes or hangs cannot take safe-llama with
     it, and the ICDs read `env` (pocl reads POCL_MEMORY_LIMIT when it loads, NEO its debug keys)."""
     try:
+        from safe_llama.device.proc import run_module  # only a probe that runs (a cache miss) needs it
+
         captured = run_module("safe_llama.device.probe_opencl", env_scan.whole(env), timeout=timeout)
     except SafeLlamaError as err:
         return OpenCLReport(devices=(), status="error", note=f"could not start the OpenCL probe: {err}")

@@ -32,6 +32,8 @@ INTEL_IGPU_SLOT = "00:02.0"
 
 @dataclass(frozen=True)
 class RenderNode:
+    """A DRM render node (/dev/dri/renderD*), its GPU and whether this user may open it."""
+
     path: str  # /dev/dri/renderD128
     pci_bdf: str | None  # the GPU it belongs to, when sysfs says
     accessible: bool  # this user may open it read-write
@@ -39,6 +41,8 @@ class RenderNode:
 
 @dataclass(frozen=True)
 class PciGpu:
+    """A display-class PCI device from sysfs: its ids, vendor, driver and render nodes."""
+
     bdf: str  # 0000:00:02.0
     class_code: int  # 0x030000
     vendor_id: int
@@ -54,6 +58,8 @@ class PciGpu:
 
 @dataclass(frozen=True)
 class SysfsReport:
+    """The GPUs and render nodes sysfs shows."""
+
     gpus: tuple[PciGpu, ...]
     render_nodes: tuple[RenderNode, ...]
     note: str  # what was looked at, and why nothing was found

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.cmdline import env_scan
-from safe_llama.device.proc import run_module
 from safe_llama.errors import SafeLlamaError
 
 if TYPE_CHECKING:
@@ -250,6 +249,8 @@ def probe_vulkan_isolated(env: Mapping[str, str], *, timeout: float = 60.0) -> V
     """probe_vulkan in a child Python: a broken driver that crashes or hangs cannot take safe-llama with it,
     and the loader reads `env` (VK_DRIVER_FILES and the drivers' own switches)."""
     try:
+        from safe_llama.device.proc import run_module  # only a probe that runs (a cache miss) needs it
+
         captured = run_module("safe_llama.device.probe_vulkan", env_scan.whole(env), timeout=timeout)
     except SafeLlamaError as err:
         return VulkanReport((), "error", f"could not start the Vulkan probe: {err}")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.backends.registry import BACKENDS, backend_named
@@ -38,12 +38,13 @@ from safe_llama.device.probe_opencl import OpenCLReport, fingerprint, probe_open
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
 from safe_llama.device.probe_opencl import report_to_dict as opencl_to_dict
 from safe_llama.device.probe_sysfs import SysfsReport, probe_sysfs
-from safe_llama.device.probe_vulkan import VulkanReport, probe_vulkan_cached
-from safe_llama.device.proc import run_capture
 from safe_llama.device.profiles import backend_rules, load_profile, load_profiles
 from safe_llama.device.target_device import TargetDevice, resolve_target
 from safe_llama.errors import SafeLlamaError
 from safe_llama.paths import cache_dir
+
+if TYPE_CHECKING:  # the Vulkan probe is imported only where a Vulkan device is listed or asked for
+    from safe_llama.device.probe_vulkan import VulkanReport
 
 # Environment variables that change what `--list-devices` prints (which devices exist, which OpenVINO
 # device is selected). A cached listing is only valid for the same values.
@@ -70,6 +71,8 @@ LLAMA_ENV_PREFIXES = (
 
 @dataclass(frozen=True)
 class LlamaProbe:
+    """llama.cpp's own view of the machine: its device listing and version, and whether they were cached."""
+
     binary: str
     real_path: str
     listed: ListedDevices
@@ -80,6 +83,8 @@ class LlamaProbe:
 
 @dataclass(frozen=True)
 class DeviceReport:
+    """Everything probed for one launch: the target device, the host, and each probe's report."""
+
     target: TargetDevice
     host: HostBudget
     llama: LlamaProbe | None
@@ -110,7 +115,7 @@ def _boot_id() -> str:
         return ""
 
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: a listing's key kept whole
 
 
 def _cache_load(path: Path, key: str) -> tuple[dict[str, Any], float] | None:
@@ -141,16 +146,18 @@ def probe_llama(
     real = str(Path(binary).resolve())
     st = Path(real).stat()
     setting = "\n".join([real, *_env_key(env, LLAMA_ENV_PREFIXES)])
-    key = state.digest(f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}")
+    key = f"{setting}\n{st.st_size}\n{st.st_mtime_ns}\n{_boot_id()}\n{drivers}"  # kept whole: compared whole
     # One file per binary and environment, so switching GGML_OPENVINO_DEVICE back and forth keeps both;
     # a rebuilt binary overwrites its own.
-    where = cache / f"llama-{state.digest(setting, 16)}.json"
+    where = cache / f"llama-{state.cache_name(setting)}.json"
     hit = None if refresh else _cache_load(where, key)
     if hit is not None:
         (payload, probed_at), cached = hit, True
     else:
         # A refused GGML_OPENVINO_DEVICE aborts; without this ggml attaches gdb to print a backtrace first.
         child_env = {**env_scan.whole(env), "GGML_NO_BACKTRACE": "1"}
+        from safe_llama.device.proc import run_capture  # only a probe that runs (a cache miss) needs it
+
         listing = run_capture([real, "--list-devices"], env=child_env, timeout=60.0)
         version = run_capture([real, "--version"], env=child_env, timeout=30.0)
         payload = {
@@ -181,6 +188,8 @@ def probe_rpc(binary: Path, servers: str, *, env: Mapping[str, str]) -> ListedDe
     """The RPC workers' devices as llama.cpp sees them (`<binary> --rpc SERVERS --list-devices`: it connects
     to each). Not cached: a worker's memory and presence change while the head's binary does not. A worker
     that does not answer aborts the listing: `problem` then names the endpoint llama.cpp could not reach."""
+    from safe_llama.device.proc import run_capture  # a plan without workers does not need it
+
     listing = run_capture(
         [str(binary), "--rpc", servers, "--list-devices"], env={**env, "GGML_NO_BACKTRACE": "1"}, timeout=30.0
     )
@@ -265,6 +274,8 @@ def probe_devices(
     listed_vulkan = any(backend_named(d.backend).vulkan_limits for d in (llama.listed.devices if llama else ()))
     vulkan_prefixes = [p for b in BACKENDS if b.vulkan_limits for p in b.prefixes]
     if listed_vulkan or any(p in str(request.devices) for p in vulkan_prefixes):
+        from safe_llama.device.probe_vulkan import probe_vulkan_cached
+
         vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=refresh)
     free = read_free(sysfs, llama.listed if llama is not None else None, roots.sys_root, nvml)
 
@@ -292,6 +303,8 @@ def probe_devices(
         # free figure is read again now: VK_EXT_memory_budget in the Vulkan probe's child where the device has
         # it, else llama.cpp's own listing run again
         if target.vulkan is not None and target.vulkan.free_bytes is not None:
+            from safe_llama.device.probe_vulkan import probe_vulkan_cached
+
             vulkan, vulkan_cached = probe_vulkan_cached(env=env, cache=cache, gpus=gpus, refresh=True)
         else:
             llama = probe_llama(binary, env=env, cache=cache, refresh=True, drivers=drivers)

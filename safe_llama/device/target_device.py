@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safe_llama.backends import openvino
 from safe_llama.backends.backend import AllocRule, EnvCap
@@ -34,9 +34,11 @@ from safe_llama.device.matching import (
 from safe_llama.device.probe_free import FreeReading
 from safe_llama.device.probe_opencl import OpenCLDevice, OpenCLReport
 from safe_llama.device.probe_sysfs import PciGpu, SysfsReport
-from safe_llama.device.probe_vulkan import VulkanReport
-from safe_llama.device.vulkan_limits import VulkanLimits, match_vulkan, vulkan_limits
 from safe_llama.errors import ExitStatus, SafeLlamaError
+
+if TYPE_CHECKING:  # Vulkan's modules are imported only where a Vulkan device's limits are read
+    from safe_llama.device.probe_vulkan import VulkanReport
+    from safe_llama.device.vulkan_limits import VulkanLimits
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,8 @@ def resolve_target(
 
     vk_limits = None
     if backend.vulkan_limits and vulkan is not None:
+        from safe_llama.device.vulkan_limits import match_vulkan, vulkan_limits
+
         listed_names = [d.hardware_name for d in listed.devices if d.backend == choice.backend] if listed else []
         vk_device, vk_how = match_vulkan(choice.llama_name, choice.description, listed_names, vulkan, env)
         notes.append(vk_how)

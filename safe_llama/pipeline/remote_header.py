@@ -22,8 +22,9 @@ from urllib.parse import quote, urljoin, urlsplit
 from safe_llama.cmdline import model_source as ms
 from safe_llama.cmdline.llama_args import CommandLine
 from safe_llama.errors import ModelNotOnDisk
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFError, read_header_from
+from safe_llama.model.header_facts import model_facts
 from safe_llama.units import human
 
 DEADLINE = 60.0  # seconds for all of a model's requests together: then llama.cpp fits it itself

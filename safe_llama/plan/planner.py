@@ -16,7 +16,6 @@ from safe_llama.backends.registry import backend_named
 from safe_llama.cmdline import memory_flags
 from safe_llama.cmdline.memory_flags import DEFAULT_CACHE_RAM_MIB, DEFAULT_CTX_CHECKPOINTS, Layout, LlamaSettings
 from safe_llama.errors import ExitStatus
-from safe_llama.messages import NOTHING_FITS
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
 from safe_llama.plan.allocation_words import describe, host_attention_words
@@ -34,6 +33,8 @@ __all__ = ["Plan", "Step", "plan"]
 
 @dataclass(frozen=True)
 class Plan:
+    """The plan: the settings chosen, their caches and allocations, the steps taken to reach them."""
+
     settings: LlamaSettings
     kv: KvPlan
     allocations: tuple[Allocation, ...]
@@ -108,6 +109,8 @@ def plan(
     allocs = inputs.allocations(state.settings)
     state = _split(inputs, state, allocs)
     if not all(a.fits for a in allocs):
+        from safe_llama.messages import NOTHING_FITS  # the templates, where one is said
+
         raise NOTHING_FITS.error(
             ExitStatus.NOTHING_FITS,
             ctx=state.settings.kv.n_ctx or inputs.asked_ctx,

@@ -41,6 +41,8 @@ class ComputeCosts:
 
 @dataclass(frozen=True)
 class Policy:
+    """The planner's policy (configs/planner.toml, the user's config.toml over it): margins, overheads, the ladder."""
+
     ctx_floor: int
     skip_llama_fit: bool
     max_alloc_margin: Mapping[str, int]

@@ -27,6 +27,8 @@ _TYPE_ORDER = {
 
 @dataclass(frozen=True)
 class Step:
+    """One ladder step taken, and the reason it gives."""
+
     name: str
     reason: str
 

@@ -26,7 +26,7 @@ import os
 import sys
 
 from safe_llama import __version__, trust
-from safe_llama.constants import GUARD_ENV, cache_root, mask_values
+from safe_llama.constants import GUARD_ENV, cache_root, ledger_folders, mask_values
 from safe_llama.device.oom_counters import parse_meminfo, read_counters
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
     from collections.abc import Collection, Mapping, Sequence
     from typing import Any
 
+    from safe_llama.device import vendor_free
     from safe_llama.process import fork_exec
 
 FORMAT = 2  # 2: a GPU's free memory (device) and the other launches (others)
@@ -143,7 +144,11 @@ def other_launches(env: Mapping[str, str]) -> str:
     what they hold is what a plan made beside them left out. Empty while there is no ledger: the one place
     that reads it (fast_record.build stores it, still_valid checks it through others_unchanged). Each other
     launch by its pid, start time and device; while one of them is still planning or loading, a mark that matches
-    no record (what it will hold is not settled: plan beside it instead)."""
+    no record (what it will hold is not settled: plan beside it instead). No entry in any ledger folder: none,
+    read without importing the ledger (its entries' parsing and the device limits it counts with are most of
+    an early start's imports)."""
+    if not any(_holds_entries(folder) for folder in ledger_folders(env)):
+        return ""  # what ledger.read_all reads there: nothing
     from safe_llama.device import ledger
     from safe_llama.device.reservations import READY
 
@@ -153,17 +158,27 @@ def other_launches(env: Mapping[str, str]) -> str:
     return "|".join(sorted(f"{launch.pid}:{launch.start}:{launch.device}" for launch in others))
 
 
+def _holds_entries(folder: str) -> bool:
+    """The folder lists a file an entry could be (ledger.read reads its *.json; whether it is trusted, live and
+    well-formed is ledger.read's to say)."""
+    try:
+        return any(name.endswith(".json") for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
 def others_unchanged(record: Mapping[str, Any], others: str) -> bool:
     """The record was planned beside the same other launches as the fingerprint `others` says run now: nothing
     new in the ledger (a service started or stopped since changes what the plan may take)."""
     return record.get("others") == others
 
 
-def device_free(device: Sequence[Any]) -> int | None:
-    """The free memory now of the GPU a record's device rule names (source, key, ...): one vendor reading."""
-    from safe_llama.device.vendor_free import free_now
+def device_reading(device: Sequence[Any]) -> vendor_free.Reading:
+    """The free memory now of the GPU a record's device rule names (source, key, ...): one vendor reading, begun
+    (NVML's in a forked child: the record's other checks run while it answers)."""
+    from safe_llama.device import vendor_free
 
-    return free_now(str(device[0]), str(device[1]))
+    return vendor_free.begin(str(device[0]), str(device[1]))
 
 
 def load(path: str) -> dict[str, Any] | None:
@@ -175,50 +190,63 @@ def load(path: str) -> dict[str, Any] | None:
 
 
 def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
-    """Everything the recorded plan was made from is as it was (see the module's docstring)."""
+    """Everything the recorded plan was made from is as it was (see the module's docstring). A GPU's reading,
+    the one check that asks a driver (tens of ms), begins first and is collected last."""
     try:
-        salt = record["salt"]
-        if not isinstance(salt, bytes):
-            return False
-        for path, ident in record["files"]:
-            if identity(path) != ident:
-                return False
-        for path, digest in record["contents"]:
-            if content(path, salt) != digest:
-                return False
-        for name, digest in record["env"]:
-            if env_digest(env.get(name), salt) != digest:
-                return False
-        for name, present in record["env_present"]:  # secrets: whether set, never their value
-            if (name in env) != present:
-                return False
-        for prefixes, digest in record["env_prefixes"]:
-            if prefixed_digest(env, prefixes, salt) != digest:
-                return False
-        host = record["host"]
-        if host is not None:
-            total, least_available = int(host[0]), int(host[1])
-            memory = meminfo()
-            if memory is None or memory[0] != total or memory[1] < least_available:
-                return False
-            if not address_space_unlimited():
-                return False
-        cgroup = record["cgroup"]
-        if cgroup is not None:
-            room = cgroup_headroom()
-            if room is None or room < int(cgroup):
-                return False
-        if not others_unchanged(record, other_launches(env)):
-            return False
         device = record["device"]
-        if device is not None:  # last: the one check that asks a driver
+        reading = device_reading(device) if device is not None else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
+    try:
+        if not _unchanged(record, env):
+            return False
+        if reading is not None:
             free_then, margin = int(device[2]), int(device[3])
-            free = device_free(device)
+            free = reading.result()
             if free is None or abs(free - free_then) > margin:
                 return False
     except (KeyError, TypeError, ValueError, IndexError):
         return False
+    finally:
+        if reading is not None:
+            reading.cancel()  # a check before it failed: its answer is not wanted
     return True
+
+
+def _unchanged(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    """Every rule of the record but the GPU's free memory holds."""
+    salt = record["salt"]
+    if not isinstance(salt, bytes):
+        return False
+    for path, ident in record["files"]:
+        if identity(path) != ident:
+            return False
+    for path, digest in record["contents"]:
+        if content(path, salt) != digest:
+            return False
+    for name, digest in record["env"]:
+        if env_digest(env.get(name), salt) != digest:
+            return False
+    for name, present in record["env_present"]:  # secrets: whether set, never their value
+        if (name in env) != present:
+            return False
+    for prefixes, digest in record["env_prefixes"]:
+        if prefixed_digest(env, prefixes, salt) != digest:
+            return False
+    host = record["host"]
+    if host is not None:
+        total, least_available = int(host[0]), int(host[1])
+        memory = meminfo()
+        if memory is None or memory[0] != total or memory[1] < least_available:
+            return False
+        if not address_space_unlimited():
+            return False
+    cgroup = record["cgroup"]
+    if cgroup is not None:
+        room = cgroup_headroom()
+        if room is None or room < int(cgroup):
+            return False
+    return others_unchanged(record, other_launches(env))
 
 
 def cache_usable(root: str) -> bool:

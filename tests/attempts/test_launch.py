@@ -517,7 +517,7 @@ def _walk_to_sliver(args: list[str], env: dict[str, str], start: int, seen: list
 
 
 def _kv_of(model: Path, n_ctx: int) -> int:
-    from safe_llama.model.facts import load_model_facts
+    from safe_llama.model.header_facts import load_model_facts
     from safe_llama.model.kv import KvRequest, plan_kv
 
     return plan_kv(load_model_facts(model), KvRequest("server", n_ctx=n_ctx)).total_bytes

@@ -24,8 +24,8 @@ import pytest
 
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.device.probing import probe_devices
-from safe_llama.model.facts import model_facts
 from safe_llama.model.gguf_header import read_header
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.plan.memory import memory_by_place
 from safe_llama.plan.target import target_from

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.constants import LEDGER
 from safe_llama.device import ledger
 from safe_llama.device.reservations import ARRIVING, PLANNED, READY, Launch
 
@@ -22,7 +23,7 @@ UUID = "GPU-12c88ba7-4229-5615-d2f3-4c8f50f61e5b"
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    made = tmp_path / "run" / "safe-llama" / ledger.LEDGER
+    made = tmp_path / "run" / "safe-llama" / LEDGER
     made.mkdir(parents=True, mode=0o700)
     (tmp_path / "run").chmod(0o700)
     return made

@@ -13,7 +13,7 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.commands.devices import render_text
-from safe_llama.device import probing
+from safe_llama.device import probe_vulkan, probing
 from safe_llama.device.drivers import ProbeRoots
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import parse_list_devices
@@ -174,7 +174,7 @@ def test_a_vulkan_gpu_without_nvml_reads_its_budget_again_not_the_listing(
         return vulkan_from_dict(recorded["vulkan"]), not refresh
 
     monkeypatch.setattr(probing, "probe_llama", fake_listing)
-    monkeypatch.setattr(probing, "probe_vulkan_cached", fake_vulkan)
+    monkeypatch.setattr(probe_vulkan, "probe_vulkan_cached", fake_vulkan)  # probing imports it where used
     report = probe_devices(binary=Path("/x/llama-server"), env=env, roots=roots)
     free = report.target.memory_free_bytes
     assert free is not None and (free.value, free.detail) == (150_092_709_888, "free now (VK_EXT_memory_budget)")

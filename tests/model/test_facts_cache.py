@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from safe_llama import state
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model import facts_cache
+from safe_llama.model import header_facts
 from safe_llama.model.facts import ModelFacts
 from safe_llama.model.facts_cache import facts_for, facts_from_json, facts_to_json
 from safe_llama.model.sparse import SparseMemory
-from tests.model.test_facts import G3, SSM, facts_of, meta
+from tests.model.test_header_facts import G3, SSM, facts_of, meta
 
 
 def gemma_like() -> ModelFacts:
@@ -38,7 +39,7 @@ class Reader:
 @pytest.fixture
 def reader(monkeypatch: pytest.MonkeyPatch) -> Reader:
     counter = Reader()
-    monkeypatch.setattr(facts_cache, "load_model_facts", counter)
+    monkeypatch.setattr(header_facts, "load_model_facts", counter)  # facts_for imports it on a miss
     return counter
 
 
@@ -77,10 +78,23 @@ def test_a_changed_file_is_read_again(reader: Reader, env: dict[str, str], model
     assert len(reader.reads) == 3
 
 
-def test_the_entry_holds_facts_to_json(reader: Reader, env: dict[str, str], model: Path) -> None:
+def test_the_entry_holds_its_key_and_facts_to_json(reader: Reader, env: dict[str, str], model: Path) -> None:
     facts = facts_for(model, env)
     (entry,) = entries(env)
-    assert json.loads(entry.read_text()) == json.loads(json.dumps(facts_to_json(facts)))
+    kept = {"key": state.file_key(model), "facts": facts_to_json(facts)}
+    assert json.loads(entry.read_text()) == json.loads(json.dumps(kept))
+
+
+def test_an_entry_of_another_key_under_the_same_name_is_not_used(
+    reader: Reader, env: dict[str, str], model: Path
+) -> None:
+    """Entries are named by a checksum of their key (state.cache_name): one of another key is a miss."""
+    facts_for(model, env)
+    (entry,) = entries(env)
+    kept = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**kept, "key": kept["key"] + "0"}))  # another size, say
+    assert facts_for(model, env).path == str(model) and len(reader.reads) == 2
+    assert json.loads(entry.read_text()) == kept
 
 
 def test_a_damaged_entry_is_read_again_and_replaced(reader: Reader, env: dict[str, str], model: Path) -> None:
@@ -89,7 +103,7 @@ def test_a_damaged_entry_is_read_again_and_replaced(reader: Reader, env: dict[st
     for damage in ('{"schema": 0}', "[1, 2]"):
         entry.write_text(damage)
         assert facts_for(model, env).path == str(model)
-        assert json.loads(entry.read_text())["path"] == str(model)
+        assert json.loads(entry.read_text())["facts"]["path"] == str(model)
     assert len(reader.reads) == 3
 
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from safe_llama.errors import ExitStatus
 from safe_llama.model import gguf_header
-from safe_llama.model.facts import model_facts
 from safe_llama.model.gguf_header import GGUFError, SkippedArray, read_header
+from safe_llama.model.header_facts import model_facts
 from tests.tiny_gguf import DEFAULT_WORDS, write_tiny_gguf
 
 STRING, ARRAY, UINT32, FLOAT32, UINT8 = 8, 9, 4, 6, 0

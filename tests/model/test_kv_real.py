@@ -10,7 +10,7 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import buffers, mib_line, plan_kv
 from tests.llama_run import ALLOC_FAIL, kv_lines, run_server_until_ready
 from tests.tiny_gguf import write_tiny_gguf

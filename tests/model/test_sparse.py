@@ -9,7 +9,7 @@ import pytest
 
 from safe_llama.model.kv import KvRequest, plan_kv, row_bytes
 from safe_llama.model.sparse import SparseMemory
-from tests.model.test_facts import facts_of, meta
+from tests.model.test_header_facts import facts_of, meta
 
 MLA = dict(attention__key_length_mla=192, attention__value_length_mla=128)
 

@@ -15,7 +15,8 @@ import pytest
 
 from safe_llama.device.limits import Sourced
 from safe_llama.model.bundled import bundled_model_path
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import ctx_unit
 from safe_llama.paths import packaged_configs
 from safe_llama.pipeline.model_fits import Place, asked, places, verdict

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.pipeline import model_index
 from safe_llama.pipeline.model_index import index_path, read_all
 from tests.tiny_gguf import write_tiny_gguf

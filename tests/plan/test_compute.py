@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv, row_bytes
 from safe_llama.plan.compute import (
     HostAttention,

@@ -15,7 +15,7 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.plan.compute import compute_estimate
 from tests import FIXTURES

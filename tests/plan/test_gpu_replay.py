@@ -15,7 +15,7 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.memory_flags import LlamaSettings
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate, host_compute_estimate

@@ -13,8 +13,9 @@ from safe_llama.device.host_budget import HostLimit, host_budget
 from safe_llama.device.limits import Sourced
 from safe_llama.device.probe_host import CgroupMemory, HostMemory
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import allocations

@@ -16,7 +16,8 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.memory_flags import LlamaSettings, gpu_layers
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import attention_on_host

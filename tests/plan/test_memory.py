@@ -7,8 +7,9 @@ import pytest
 
 from safe_llama.cmdline.memory_flags import Layout, LlamaSettings
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFHeader
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import attention_on_host, host_compute_estimate

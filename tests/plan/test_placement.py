@@ -11,8 +11,9 @@ from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.memory_flags import EXPERT_REGEX, Draft, DraftOptions, Layout, LlamaSettings, Override
 from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFHeader, TensorInfo
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import memory_by_place

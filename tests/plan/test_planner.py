@@ -9,8 +9,9 @@ import pytest
 
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFHeader
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest, buffers, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.planner import plan
@@ -151,7 +152,7 @@ def test_nothing_fits_at_the_floor(policy: Policy) -> None:
 
 
 def test_swa_model_bundled_gemma(policy: Policy, bundled_model: Path) -> None:
-    from safe_llama.model.facts import load_model_facts
+    from safe_llama.model.header_facts import load_model_facts
 
     facts = load_model_facts(bundled_model)
     target = Target(backend="openvino", on_gpu=True, integrated=True, max_alloc=Sourced(64 << 20, "declared", "test"),

@@ -12,7 +12,8 @@ import pytest
 from safe_llama.cmdline.llama_args import REDACTED
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import KvPlan, KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.planner import Plan, plan

@@ -11,7 +11,7 @@ import pytest
 
 from safe_llama.device.limits import Sourced
 from safe_llama.device.llama_listing import parse_list_devices
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import memory_by_place

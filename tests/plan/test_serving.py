@@ -11,7 +11,8 @@ from safe_llama.cmdline.memory_flags import Layout
 from safe_llama.device.host_budget import HostLimit
 from safe_llama.device.limits import Sourced
 from safe_llama.errors import SafeLlamaError
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import memory_by_place

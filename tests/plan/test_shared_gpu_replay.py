@@ -19,7 +19,7 @@ from safe_llama.cmdline.request import to_request
 from safe_llama.device.limits import Sourced
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.memory import memory_by_place

@@ -10,8 +10,9 @@ import pytest
 from safe_llama.backends.openvino import STATEFUL_ENV
 from safe_llama.cmdline.memory_flags import LlamaSettings, argv_changes
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, model_facts
+from safe_llama.model.facts import ModelFacts
 from safe_llama.model.gguf_header import GGUFHeader
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.kv import KvRequest, plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.policy import STEPS, Policy, load_policy

@@ -25,7 +25,7 @@ from safe_llama.device.probe_sysfs import SysfsReport
 from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
 from safe_llama.device.target_device import resolve_target
 from safe_llama.diagnosis.signatures import classify, load_table, scan_text
-from safe_llama.model.facts import load_model_facts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import plan_kv
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.compute import compute_estimate

@@ -9,7 +9,8 @@ import pytest
 
 from safe_llama.cmdline.memory_flags import Layout, LlamaSettings, Override, argv_changes
 from safe_llama.device.limits import Sourced
-from safe_llama.model.facts import ModelFacts, load_model_facts
+from safe_llama.model.facts import ModelFacts
+from safe_llama.model.header_facts import load_model_facts
 from safe_llama.model.kv import KvRequest
 from safe_llama.paths import packaged_configs
 from safe_llama.plan.memory import allocations

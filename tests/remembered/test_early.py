@@ -248,6 +248,41 @@ def test_the_early_start_imports_nothing_heavy(tmp_path: Path) -> None:
     assert not heavy & set(eval(done.stdout)), done.stdout  # noqa: S307 -- our own repr of a list
 
 
+def test_other_launches_are_read_from_the_ledger_only_where_it_holds_an_entry(tmp_path: Path) -> None:
+    """No entry in any ledger folder: no other launch, and the ledger (json, dataclasses, the device limits) is
+    not imported; an entry of a live launch: the ledger reads it, as the plan did when the record was made."""
+    code = (
+        "import json, os, sys; from safe_llama.remembered import early; "
+        "print(json.dumps([early.other_launches(os.environ), 'safe_llama.device.ledger' in sys.modules]))"
+    )
+    run = tmp_path / "run"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(run), "PYTHONPATH": str(ROOT)}
+    env.pop("RUNTIME_DIRECTORY", None)
+    folder = run / "safe-llama" / "ledger"
+    folder.mkdir(parents=True)
+    run.chmod(0o700)
+    (folder / "notes.txt").write_text("not an entry")
+    system = "/run/safe-llama/ledger"
+    if os.path.isdir(system) and any(name.endswith(".json") for name in os.listdir(system)):
+        pytest.skip("the services' ledger of this machine holds entries")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(done.stdout) == ["", False]
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        from safe_llama.device.ledger import start_time
+
+        start = start_time(other.pid)
+        entry = {"pid": other.pid, "start": start, "tool": "server", "label": "x", "state": "ready", "device": "GPU-1",
+                 "device_name": "CUDA0", "device_bytes": 1, "host_bytes": 1, "cgroup": ""}  # fmt: skip
+        (folder / f"{other.pid}.json").write_text(json.dumps(entry))
+        (folder / f"{other.pid}.json").chmod(0o600)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        assert json.loads(done.stdout) == [f"{other.pid}:{start}:GPU-1", True]
+    finally:
+        other.kill()
+        other.wait()
+
+
 @pytest.mark.slow
 def test_output_written_before_the_supervisor_is_imported_is_relayed_whole_and_in_order(
     shimmed: tuple[dict[str, str], list[str]], tmp_path: Path

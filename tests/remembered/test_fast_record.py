@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from safe_llama.attempts import launch
+from safe_llama.device import vendor_free
 from safe_llama.process import supervise
 from safe_llama.process.startup import Outcome
 from safe_llama.remembered import early, fast_record
@@ -427,14 +428,51 @@ def test_a_gpu_free_figure_that_is_no_vendor_reading_is_not_recorded(setup: Setu
 
 
 def test_a_gpu_record_holds_while_its_free_memory_is_within_the_margin(setup: Setup) -> None:
-    """A real record with a GPU rule put in (the early start reads the GPU through device_free)."""
+    """A real record with a GPU rule put in (the early start reads the GPU through device_reading)."""
     setup.launch()
     record = setup.record()
     record["device"] = ("nvml", "GPU-1234", 60 << 30, 1 << 30)
     for free, valid in [(60 << 30, True), ((60 << 30) - (1 << 30), True), ((61 << 30) + 1, False),
                         ((59 << 30) - 1, False), (None, False)]:  # fmt: skip
-        setup.monkeypatch.setattr(early, "device_free", lambda device, free=free: free)
+        setup.monkeypatch.setattr(early, "device_reading", lambda device, free=free: vendor_free.Reading(free))
         assert early.still_valid(record, os.environ) is valid, free
+
+
+def test_a_gpu_reading_begins_before_the_other_rules_and_is_dropped_when_one_fails(setup: Setup) -> None:
+    """NVML's forked read (tens of ms on the H200) runs while the record's files, contents and environment are
+    checked; a rule that fails drops it unanswered."""
+    setup.launch()
+    record = setup.record()
+    record["device"] = ("nvml", "GPU-1234", 60 << 30, 1 << 30)
+    calls: list[str] = []
+
+    class Traced(vendor_free.Reading):
+        def result(self) -> int | None:
+            calls.append("result")
+            return super().result()
+
+        def cancel(self) -> None:
+            calls.append("cancel")
+            super().cancel()
+
+    def begun(device: object) -> vendor_free.Reading:
+        calls.append("begin")
+        return Traced(60 << 30)
+
+    checked = early.identity
+
+    def identity(path: str) -> tuple[int, int, int, int] | None:
+        calls.append("files")
+        return checked(path)
+
+    setup.monkeypatch.setattr(early, "device_reading", begun)
+    setup.monkeypatch.setattr(early, "identity", identity)
+    assert early.still_valid(record, os.environ)
+    assert calls[0] == "begin" and calls.index("files") < calls.index("result")
+    calls.clear()
+    record["env"] = [("SAFE_LLAMA_TEST_UNSET", "a digest no value has")]
+    assert not early.still_valid(record, os.environ)
+    assert calls[0] == "begin" and calls[-1] == "cancel" and "result" not in calls
 
 
 def test_a_record_holds_only_beside_the_launches_it_was_planned_beside(setup: Setup) -> None:

@@ -28,7 +28,7 @@ STRING, ARRAY, UINT8, FLOAT32 = 8, 9, 0, 6
 # Reads the paths given on stdin, one per line, each answered with a JSON line: the outcome and VmHWM.
 CHILD = r"""
 import json, sys
-from safe_llama.model.facts import model_facts
+from safe_llama.model.header_facts import model_facts
 from safe_llama.model.gguf_header import GGUFError, read_header
 
 def hwm():

@@ -62,7 +62,7 @@ def test_a_planted_parsed_config_is_not_read(base: Path, how: str) -> None:
     entry = {"format": state.TOML_FORMAT, "key": identity, "sum": state._toml_sum(data), "data": data}
     toml = planted / "toml"
     toml.mkdir(parents=True, exist_ok=True)
-    (toml / f"{state.digest(identity, 32)}.json").write_text(json.dumps(entry))
+    (toml / f"{state.cache_name(identity)}.json").write_text(json.dumps(entry))
     for path in [planted, *planted.rglob("*")]:
         os.lchown(path, OTHER, OTHER)
     env = {"XDG_CACHE_HOME": str(xdg), "XDG_CONFIG_HOME": str(base / "config"), "SAFE_LLAMA_PREFIX": str(base)}

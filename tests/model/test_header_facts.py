@@ -1,4 +1,4 @@
-"""Tests for safe_llama.model.facts: tables of hand-built metadata and the facts llama.cpp's rules give,
+"""Tests for safe_llama.model.header_facts: tables of hand-built metadata and the facts llama.cpp's rules give,
 plus the bundled Gemma 3 read for real."""
 
 from __future__ import annotations
@@ -9,14 +9,10 @@ from typing import Any
 
 import pytest
 
-from safe_llama.model.facts import (
-    LayerKV,
-    ModelFacts,
-    load_model_facts,
-    model_facts,
-)
+from safe_llama.model.facts import LayerKV, ModelFacts
 from safe_llama.model.facts_cache import facts_from_json, facts_to_json
 from safe_llama.model.gguf_header import GGUFError, GGUFHeader, MetadataValue, SkippedArray, TensorInfo
+from safe_llama.model.header_facts import load_model_facts, model_facts
 
 
 def meta(arch: str, n_layer: int, n_embd: int, n_head: int | None, **keys: MetadataValue) -> dict[str, Any]:
