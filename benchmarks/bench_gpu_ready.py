@@ -143,7 +143,8 @@ def _records(cache: Path) -> dict[str, int]:
 
 def _hold(gib: int, timeout: float) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(n=gib)], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([os.environ.get("HOLD_PYTHON", sys.executable), "-c", HOLD.format(n=gib)], env=env,
+                            stdout=subprocess.PIPE,
                             start_new_session=True)  # fmt: skip
     assert proc.stdout is not None
     began = time.monotonic()

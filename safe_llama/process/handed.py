@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
     from safe_llama.device.probe_host import OomWatch
 
-# How the small process starts: -P (the working directory is not on its path), the folder that holds the package
-# the full process runs added where it is not there already (`python -m safe_llama` from a checkout), then
-# entry.handed (the door), which reads the words after the folder.
+# How the small process starts: -S (no site: it needs the standard library and its own package only, and a site
+# whose .pth files import more would grow every supervisor; the end's imports are standard library too), -P (the
+# working directory is not on its path), the folder that holds the package the full process runs added where it is
+# not there already, then entry.handed (the door), which reads the words after the folder.
 CODE = (
     "import sys\n"
     "if sys.argv[1] not in sys.path: sys.path.insert(0, sys.argv[1])\n"
@@ -104,7 +105,7 @@ def exec_handed(hand_off: HandOff, address: Health | None, ending: Sequence[str]
         read_words(own)
     except ValueError:
         return
-    argv = [sys.executable, *flags, "-P", "-c", CODE, package, *own, END, *ending]
+    argv = [sys.executable, *flags, "-S", "-P", "-c", CODE, package, *own, END, *ending]
     sources = [fd for fd in hand_off.sources if fd is not None]
     for stream in (sys.stdout, sys.stderr):
         try:  # noqa: SIM105 -- what safe-llama wrote is out before the exec
