@@ -13,9 +13,9 @@ VmPTE (resident pages, anonymous and file-backed, and page tables: what a cgroup
 file pages it shares with others aside), and RssAnon apart. Medians. Issue 37's goal: at most 8 MiB over the bare
 interpreter once llama-server runs (tests/process/test_handed.py holds it).
 
-Last, what the hand-off gives back to a cgroup (configs/planner.toml's handed_release_bytes): RssAnon + VmPTE of
-the planned launch at its probe of the host (device/probe_host.probe_host, where it reads the cgroup's usage),
-less the handed supervisor's.
+Last, what the hand-off gives back to a cgroup (not counted by the plan: configs/planner.toml says why): RssAnon
++ VmPTE of the planned launch at its probe of the host (device/probe_host.probe_host, where it reads the cgroup's
+usage), less the handed supervisor's.
 """
 
 from __future__ import annotations

@@ -344,14 +344,13 @@ def allocations(
             if grows_here:
                 overhead += in_use
             if limit.kind == "cgroup":
-                # what the group is charged at full use, not at start: what a request filling the context adds to
-                # the server and what it grows into serving; safe-llama's supervisor grows past its charge at the
-                # probe, but a ready server's is handed off first (attempts/handoff.py), giving back what it held
+                # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
+                # group and grows past what was charged when it probed; a ready server's is handed off to a small
+                # one, but requests can fill the context before that: nothing given back is counted), what a
+                # request that fills the context adds to the server, and what the server grows into while it serves
+                overhead += policy.supervisor_bytes
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
-                    overhead = max(0, overhead - policy.handed_release_bytes)
-                else:
-                    overhead += policy.supervisor_bytes
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read
             # into memory or locked there count (-lm none, dio, mlock)
             weights = device_copies + (host_weights if limit.kind == "ram" or not mapped else 0)

@@ -48,13 +48,6 @@ def _table(name: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
 
 
-# Recorded with the full supervisor in the group, before a ready server's supervision was handed off (process/
-# handed.py): the plan now counts what the hand-off gives back, so it is no longer the one that ran there. Re-record
-# on the device (the README of the fixtures names the commands), then drop these marks.
-STALE = pytest.mark.xfail(strict=True, reason="recorded before the hand-off: re-record tests/fixtures/cgroup-v2")
-
-
-@STALE
 def test_the_plan_serves_a_full_context_and_is_within_5_percent_of_the_largest_that_does(wide: ModelFacts) -> None:
     decided, recorded = _replan(wide, "fill", None)
     argv = recorded["decision"]["argv"]  # type: ignore[index]
@@ -68,7 +61,6 @@ def test_the_plan_serves_a_full_context_and_is_within_5_percent_of_the_largest_t
     assert chosen / served >= 0.95
 
 
-@STALE
 def test_the_soak_answered_every_request_where_bare_llama_server_was_killed(wide: ModelFacts) -> None:
     decided, _ = _replan(wide, "soak", 4)
     header, *rows = _table("soak-wide-256.md")

@@ -222,7 +222,7 @@ def test_host_budget_from_a_cgroup_file(tmp_path: Path, policy: Policy) -> None:
     assert 4096 <= chosen < 65536
     # at full use: what a request filling 65536 cells adds (14.5 MiB) included; a server's supervision is handed
     # off once ready: the supervisor's growth (4 MiB) not counted, what the hand-off gives back (7.5 MiB) taken off
-    assert "cgroup charge (process, KV, compute) 7.17 GiB at -c 65536" in p.steps[0].reason
+    assert "cgroup charge (process, KV, compute) 7.18 GiB at -c 65536" in p.steps[0].reason
     assert "above its 1.96 GiB usable (2.00 GiB probed: cgroup v2 headroom" in p.steps[0].reason
     assert p.allocations[-1].limit == int(2 * GIB * (1 - policy.memory_margin_fraction["default"]))
 
