@@ -113,6 +113,11 @@ def first_spawn(ns: argparse.Namespace, shape: str, env: dict[str, str]) -> dict
     }  # fmt: skip
 
 
+# Vulkan's largest tensor an op takes (maxStorageBufferRange): NVIDIA's driver on the H200 (nvidia-h200-vulkan's
+# probe-vulkan.txt); above it ggml runs the op on the CPU (plan.compute.attention_on_host)
+VULKAN_MAX_TENSOR = 4_294_967_295
+
+
 def planned_compute(model: str, backend: str, argv: list[str]) -> dict[str, float]:
     """The plan's compute per place (MiB) for the final argv, as plan.memory places it on one device."""
     from safe_llama.cmdline.llama_args import parse
@@ -128,9 +133,11 @@ def planned_compute(model: str, backend: str, argv: list[str]) -> dict[str, floa
     policy = load_policy(packaged_configs() / "planner.toml")
     device = {"cuda": "CUDA0", "vulkan": "Vulkan0", "cpu": "CPU"}[backend]
     copies = backend in policy.kv_f16_copy_backends
+    largest = Sourced(VULKAN_MAX_TENSOR, "declared", "H200") if backend == "vulkan" else None
     target = Target(backend=backend, device=device, on_gpu=backend != "cpu", kv_f16_copies=copies,
                     compute_costs=policy.compute, device_memory=Sourced(1 << 40, "declared", "bench"),
-                    host_budget=Sourced(1 << 40, "declared", "bench"))  # fmt: skip
+                    host_budget=Sourced(1 << 40, "declared", "bench"),
+                    max_tensor=largest)  # fmt: skip
     cmd = parse("server", argv, {})
     request = to_request(cmd)
     ngl = gpu_layers(cmd)
