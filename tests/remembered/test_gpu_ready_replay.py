@@ -58,9 +58,9 @@ def test_the_recorded_gpu_starts(name: str) -> None:
             "held",
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="issue 37's goal, not reached on the H200 with 80 GiB held: 1.24x of bare llama-server (early "
-                "starts 7 of 7; 0.15 s from the command to llama-server's exec, of which the interpreter's start with "
-                "that machine's site is ~0.06 s and one NVML reading 0.03 s)",
+                reason="issue 37's goal, not reached on the H200 with 80 GiB held: 1.078x of bare llama-server (9 of 9 "
+                "early starts; 0.061 s from the command to llama-server's exec: the interpreter's start 14 ms, one "
+                "NVML reading in a forked child ~30 ms, overlapped with the record's checks)",
             ),
         ),
     ],
