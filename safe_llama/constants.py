@@ -28,6 +28,8 @@ GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
 # the ledger of the launches on the machine (device/ledger.py): its folder under each runtime directory
 LEDGER = "ledger"
 LEDGER_SYSTEM = "/run/safe-llama"  # the services' runtime directory
+# the bounds of a ledger entry's texts and byte counts (device/ledger.py reads an entry, early.py a record's)
+LEDGER_TEXT_MOST, LEDGER_BYTES_MOST = 256, 1 << 62
 
 
 def ledger_folders(env: Mapping[str, str], system: str = LEDGER_SYSTEM) -> tuple[str, ...]:

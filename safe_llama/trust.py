@@ -149,6 +149,7 @@ SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "cgroup": (int, type(None)),
         "device": (*_SEQUENCE, type(None)),
         "others": str,
+        "book": _SEQUENCE,
     },
     "secret-options": {"options": _SEQUENCE},
 }

@@ -129,25 +129,22 @@ def run_attempts(
 
 def _book(entry: Entry | None, prepared: Prepared | None, tool: str) -> None:
     """This launch's entry in the ledger, from its plan (rewritten when a retry plans again)."""
+    from safe_llama.pipeline.prepare import booking
+
+    if entry is not None and (prepared is None or prepared.plan is None):
+        entry.remove()  # llama.cpp runs as given: nothing reserved
+    elif entry is not None and prepared is not None:
+        _book_planned(entry, tool, booking(prepared))
+
+
+def _book_planned(entry: Entry, tool: str, booked: tuple[str, str, str, int, int, str]) -> None:
+    """Write the entry as PLANNED with a plan's booking (prepare.booking), made now or kept by a launch record."""
     from safe_llama.device import ledger
     from safe_llama.device.reservations import PLANNED, Launch
-    from safe_llama.pipeline.prepare import reservation
 
-    if entry is None:
-        return
-    if prepared is None or prepared.plan is None:
-        entry.remove()  # llama.cpp runs as given: nothing reserved
-        return
-    device, host = reservation(prepared)
     start = ledger.start_time(os.getpid())
-    if start is None:
-        return
-    entry.write(
-        Launch(
-            os.getpid(), start, tool, ledger.label(prepared.model_path), PLANNED, prepared.device_key,
-            prepared.target.device or "", device, host, prepared.cgroup_dir,
-        )
-    )  # fmt: skip
+    if start is not None:
+        entry.write(Launch(os.getpid(), start, tool, booked[0], PLANNED, *booked[1:]))
 
 
 def _attempts(
@@ -347,22 +344,42 @@ def _hand_off_on(early: Early, door_args: list[str]) -> bool:
 
 def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run_attempts() supervises its own; when it
-    fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries)."""
+    fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries).
+    Its ledger entry (the reservation the record kept, as _book writes it) comes right after the spawn, not
+    before: the ledger is imported only here, once the child runs, so the early start itself stays light; it is
+    marked ready with the child, removed at the end (or by the handed supervisor), and a retry books again."""
+    from safe_llama.device import ledger
+
+    folder = ledger.own_folder(os.environ)
+    entry = ledger.arrive(folder, early.tool) if folder is not None else None
+    try:
+        if entry is not None:
+            _book_planned(entry, early.tool, early.booked)
+        return _adopted(early, door_args, entry)
+    finally:
+        if entry is not None:
+            entry.remove()
+
+
+def _adopted(early: Early, door_args: list[str], entry: Entry | None) -> int:
+    """adopted()'s supervision of the early child, once its entry (None: no ledger folder) is written."""
     from safe_llama.diagnosis.signatures import load_table
 
-    env = os.environ
-    tool = early.tool
-    say = Say(env)
+    env, tool, say = os.environ, early.tool, Say(os.environ)
     for message, level in early.lines:
         say(message, level)
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
-    shared = Supervision(say, Notifier(env), table)
+    shared = Supervision(say, Notifier(env), table, entry.ready if entry is not None else None)
+
+    def ending() -> list[str] | None:  # the entry as written by the hand-off: the handed supervisor removes it
+        written = str(entry.path) if entry is not None and entry.written else None
+        return ending_words(env, ledger=written, record=early.path) if _hand_off_on(early, door_args) else None
+
     outcome = run_attempt(
-        shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started,
-        ending=lambda: ending_words(env, record=early.path) if _hand_off_on(early, door_args) else None,
-    )  # fmt: skip
+        shared, tool, early.argv, early.env, number=1, status=early.status, started=early.started, ending=ending
+    )
     from safe_llama.remembered import fast_record
 
     if outcome.retry or outcome.killed_for_memory is not None:  # the recorded plan failed for memory: next, plan

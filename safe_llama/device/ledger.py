@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from safe_llama import trust
-from safe_llama.constants import LEDGER, LEDGER_SYSTEM, ledger_folders
+from safe_llama.constants import LEDGER, LEDGER_BYTES_MOST, LEDGER_SYSTEM, LEDGER_TEXT_MOST, ledger_folders
 from safe_llama.device.reservations import ARRIVING, PLANNED, READY, Launch
 
 SYSTEM_FOLDER = Path(LEDGER_SYSTEM)
@@ -74,9 +74,9 @@ def _parse(raw: bytes) -> Launch | None:
         value = data[key]
         if not isinstance(value, kind) or isinstance(value, bool):
             return None
-        if isinstance(value, int) and not 0 <= value < 1 << 62:
+        if isinstance(value, int) and not 0 <= value < LEDGER_BYTES_MOST:
             return None
-        if isinstance(value, str) and (len(value) > 256 or not value.isprintable()):
+        if isinstance(value, str) and (len(value) > LEDGER_TEXT_MOST or not value.isprintable()):
             return None
     if data["pid"] < 1 or data["state"] not in (ARRIVING, PLANNED, READY):
         return None

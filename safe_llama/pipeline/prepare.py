@@ -308,15 +308,18 @@ def _shared(target: Target, seen: Others, share: float | None, host: HostBudget)
     )
 
 
-def reservation(prepared: Prepared) -> tuple[int, int]:
-    """What this launch's plan reserves: (on its device, with the runtime's own part; on the host)."""
+def booking(prepared: Prepared) -> tuple[str, str, str, int, int, str]:
+    """What this launch's ledger entry says of its plan (a reservations.Launch less its process, tool and state):
+    its label, the device's key and llama.cpp's name, what it reserves there (with the runtime's own part) and on
+    the host, its cgroup folder. A launch record keeps it for an early start's entry (fast_record.py)."""
+    from safe_llama.device.ledger import label
+
     decided, target = prepared.plan, prepared.target
-    if decided is None:
-        return 0, 0
+    assert decided is not None  # llama.cpp run as given books nothing
     device = sum(a.bytes for a in decided.allocations if a.buffer == "device total" and a.place == target.device)
     hosts = {a.host_kind: a.bytes for a in decided.allocations if a.buffer == "host total"}
-    host = hosts.get("cgroup", hosts.get("ram", 0))
-    return (device + target.device_runtime if device else 0), host
+    device, host = (device + target.device_runtime if device else 0), hosts.get("cgroup", hosts.get("ram", 0))
+    return label(prepared.model_path), prepared.device_key, target.device or "", device, host, prepared.cgroup_dir
 
 
 def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapping[str, str]) -> Prepared:

@@ -10,7 +10,8 @@ headroom too where one limits it (fast_record.py says why that rule is sound). A
 while that GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it
 was (fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
 planned beside (other_launches). The child then gets the recorded argv and environment changes, and the
-supervisor, once imported, adopts it (launch.adopted) as attempt 1.
+supervisor, once imported, adopts it (launch.adopted) as attempt 1 and writes its ledger entry from what the
+record kept of the plan's reservation (booking: the entry comes right after the spawn).
 
 Owns the record's key, its reading and its validity check, and the start itself; must stay light (os,
 sys, hashlib, constants and trust (marshal); vendor_free, with select, only for a GPU's record; fork_exec, with
@@ -26,7 +27,14 @@ import os
 import sys
 
 from safe_llama import __version__, trust
-from safe_llama.constants import GUARD_ENV, cache_root, ledger_folders, mask_values
+from safe_llama.constants import (
+    GUARD_ENV,
+    LEDGER_BYTES_MOST,
+    LEDGER_TEXT_MOST,
+    cache_root,
+    ledger_folders,
+    mask_values,
+)
 from safe_llama.device.oom_counters import parse_meminfo, read_counters
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
@@ -37,7 +45,7 @@ if TYPE_CHECKING:  # collections.abc costs an import on the early path
     from safe_llama.device import vendor_free
     from safe_llama.process import fork_exec
 
-FORMAT = 2  # 2: a GPU's free memory (device) and the other launches (others)
+FORMAT = 3  # 2: a GPU's free memory (device) and the other launches (others); 3: the ledger entry's figures (book)
 FOLDER = "launch"  # under the cache directory
 # /proc and /sys files whose content changes on its own: the host rule checks what they feed (MemAvailable, the
 # cgroup's headroom)
@@ -189,6 +197,22 @@ def load(path: str) -> dict[str, Any] | None:
     return data if data is not None and data.get("format") == FORMAT else None
 
 
+def booking(record: Mapping[str, Any]) -> tuple[str, str, str, int, int, str] | None:
+    """What the record's plan books in the ledger (prepare.booking: label, device key, device name, device and
+    host bytes, cgroup folder), bounded as the ledger reads an entry; None: the record's is not one."""
+    try:
+        label, device, name, device_bytes, host_bytes, cgroup = record["book"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    for text in (label, device, name, cgroup):
+        if not isinstance(text, str) or len(text) > LEDGER_TEXT_MOST or not text.isprintable():
+            return None
+    for number in (device_bytes, host_bytes):
+        if type(number) is not int or not 0 <= number < LEDGER_BYTES_MOST:
+            return None
+    return label, device, name, device_bytes, host_bytes, cgroup
+
+
 def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
     """Everything the recorded plan was made from is as it was (see the module's docstring). A GPU's reading,
     the one check that asks a driver (tens of ms), begins first and is collected last."""
@@ -289,6 +313,13 @@ class Early:
         return [(str(message), str(level)) for message, level in self.record["lines"]]
 
     @property
+    def booked(self) -> tuple[str, str, str, int, int, str]:
+        """Its ledger entry's figures (checked by start: a record without them starts nothing)."""
+        booked = booking(self.record)
+        assert booked is not None
+        return booked
+
+    @property
     def tool(self) -> str:
         return str(self.record["tool"])
 
@@ -325,6 +356,8 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | Non
             return None
         sources = list(record["counters"])
     except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if booking(record) is None:
         return None
     from safe_llama.process import fork_exec
 

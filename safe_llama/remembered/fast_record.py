@@ -250,6 +250,7 @@ def build(
 ) -> dict[str, Any] | None:
     """The record of a launch whose attempt 1 is ready; None when it cannot be held (see the docstring)."""
     from safe_llama.device.probe_host import oom_counter_sources
+    from safe_llama.pipeline.prepare import booking
 
     if recorder.everything or recorder.stray or prepared.plan is None or prepared.binary is None:
         return None
@@ -304,6 +305,7 @@ def build(
         "counters": oom_counter_sources(),
         "device": device,
         "others": early.other_launches(env),
+        "book": booking(prepared),  # its ledger entry: an early start writes it (launch.adopted)
     }
 
 

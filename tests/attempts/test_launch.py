@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from safe_llama.process import handed
 from tests import ROOT
 from tests.llama_run import free_port, healthy, run_server_until_ready, serving
 from tests.tiny_gguf import LLAMA_3B, write_metadata_gguf
@@ -530,6 +531,8 @@ def test_an_early_start_killed_for_memory_once_ready_drops_its_record(
     """A launch record's plan that the OOM killer ended once ready is never started early again (the next launch
     plans); a clean end keeps it. The attempt itself is stubbed: only what adopted() does with its outcome."""
     from safe_llama.attempts import launch
+    from safe_llama.device import ledger
+    from safe_llama.device.reservations import Launch
     from safe_llama.process import fork_exec
     from safe_llama.process.startup import Outcome
     from safe_llama.remembered import early
@@ -537,16 +540,30 @@ def test_an_early_start_killed_for_memory_once_ready_drops_its_record(
     record_file = tmp_path / "record.marshal"
     record_file.write_bytes(b"a record")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    (tmp_path / "run").mkdir(mode=0o700)
+    folder = ledger.own_folder(os.environ)
+    assert folder is not None
     started = fork_exec.Started(0, -1, None, {}, False, set())
+    book = ("model m.gguf", "", "", 0, 300 << 20, "")
     adopted = early.Early("safe-llama", started, ["llama-server"], {}, {"lines": [], "tool": "server",
-                          "status": "attempt 1"}, str(record_file))  # fmt: skip
+                          "status": "attempt 1", "book": book}, str(record_file))  # fmt: skip
     outcome = Outcome(exit_code=137 if killed else 0, returncode=-9 if killed else 0, ready=True, failure=None,
                       stopped_by_us=False, user_stop_signal=None, signals_forwarded=(), pid=1, used_pty=False,
                       killed_for_memory=killed)  # fmt: skip
-    monkeypatch.setattr(launch, "run_attempt", lambda *args, **kwargs: outcome)
+    seen: list[Launch] = []
+
+    def attempt(*args: object, **kwargs: object) -> Outcome:
+        seen.extend(ledger.read(folder))  # the entry is there while the child runs
+        return outcome
+
+    monkeypatch.setattr(launch, "run_attempt", attempt)
     assert launch.adopted(adopted, []) == outcome.exit_code
     assert record_file.exists() is kept
+    assert [(launch.pid, launch.state, launch.host_bytes) for launch in seen] == [(os.getpid(), "planned", 300 << 20)]
+    assert ledger.read(folder) == ()  # removed at the end
 
 
 @pytest.mark.slow
@@ -569,3 +586,60 @@ def test_a_busy_port_is_said_in_one_line(env: dict[str, str]) -> None:
         "port, or the address is not one of this machine's; choose another --port, or find and stop what holds it "
         "(ss -ltnp)"
     ]
+
+
+def _ledger_run(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    return {**env, "XDG_RUNTIME_DIR": str(runtime)}
+
+
+@pytest.mark.slow
+def test_an_early_start_is_in_the_ledger_with_its_recorded_reservation(
+    tmp_path: Path, env: dict[str, str], bundled_model: Path
+) -> None:
+    """The second start of the same words starts early from the launch record the first wrote; its entry, read by
+    another process as a plan reads it, holds the reservation the record kept, is marked ready with the server
+    and is gone once the server (handed off to the small supervisor, which removes it) exits."""
+    from safe_llama.device import ledger
+    from safe_llama.remembered import early
+
+    env = _ledger_run(tmp_path, env)
+    folder = ledger.own_folder(env)
+    assert folder is not None
+    port = free_port()
+    args = ["server", "-m", str(bundled_model), "-c", "1024", "--port", str(port)]
+    runs = []
+    for _ in range(2):  # the full path (it writes the record once ready), then the early start from it
+        proc = safe_llama(args, env)
+        runs.append(proc)
+        try:
+            deadline = time.monotonic() + 60
+            states = []
+            while time.monotonic() < deadline and "ready" not in states and proc.poll() is None:
+                states += [launch.state for launch in ledger.read(folder) if launch.pid == proc.pid]
+                time.sleep(0.02)
+            assert states and states[-1] == "ready" and set(states) <= {"arriving", "planned", "ready"}
+            assert healthy(port)
+            (launch,) = ledger.read(folder)
+            assert launch.pid == proc.pid
+            time.sleep(1.0)  # the hand-off comes once the supervisor's own /health poll sees it ready
+            assert f"\0-c\0{handed.CODE}\0".encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            if len(runs) == 1:
+                plans = {p.name: p.stat().st_mtime_ns for p in _plans(env)}
+                (record_file,) = (Path(env["XDG_CACHE_HOME"]) / "safe-llama" / early.FOLDER).glob("*.marshal")
+                record = early.load(str(record_file))  # as an early start reads it
+                assert record is not None
+                book = record["book"]
+                assert book == (launch.label, launch.device, launch.device_name, launch.device_bytes,
+                                launch.host_bytes, launch.cgroup)  # fmt: skip
+                assert launch.host_bytes > 0 and launch.label == f"model {bundled_model.name}"
+            else:
+                assert {p.name: p.stat().st_mtime_ns for p in _plans(env)} == plans  # early: nothing planned again
+                assert (launch.label, launch.device, launch.device_name, launch.device_bytes, launch.host_bytes,
+                        launch.cgroup) == book  # fmt: skip
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+        assert not ledger.read(folder) and not (folder / f"{proc.pid}.json").exists()

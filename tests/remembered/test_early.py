@@ -358,3 +358,45 @@ def test_a_gpu_launch_starts_early_while_its_free_memory_is_within_the_margin(
     gpu.free_file.write_text(str(60610 - 8192))
     third, replanned = serve()
     assert replanned != recorded and third != first  # planned again, to less memory
+
+
+def test_a_record_of_the_format_before_the_ledger_s_figures_is_refused(tmp_path: Path) -> None:
+    """Format 2 kept no ledger figures (book): such a record is not read (an early start would write no entry)."""
+    import marshal
+
+    from safe_llama.trust import SHAPES
+
+    def typed(kind: type | tuple[type, ...]) -> object:
+        first = kind[0] if isinstance(kind, tuple) else kind
+        return first()
+
+    current = {name: typed(kind) for name, kind in SHAPES["launch"].items()} | {"format": early.FORMAT}
+    path = tmp_path / "r.marshal"
+    for old in ({**current, "format": 2}, {k: v for k, v in current.items() if k != "book"} | {"format": 2}):
+        path.write_bytes(marshal.dumps(old))
+        path.chmod(0o600)
+        assert early.load(str(path)) is None
+    assert early.FORMAT > 2
+
+
+GOOD_BOOK = ("model m.gguf", "GPU-1", "CUDA0", 5 << 30, 300 << 20, "/sys/fs/cgroup/x")
+
+
+@pytest.mark.parametrize(
+    ("book", "booked"),
+    [
+        pytest.param(GOOD_BOOK, GOOD_BOOK, id="as-written"),
+        pytest.param(list(GOOD_BOOK), GOOD_BOOK, id="a-list"),
+        pytest.param(GOOD_BOOK[:5], None, id="a-field-short"),
+        pytest.param((*GOOD_BOOK, 1), None, id="a-field-more"),
+        pytest.param(("model\nx", *GOOD_BOOK[1:]), None, id="unprintable-label"),
+        pytest.param(("m" * 257, *GOOD_BOOK[1:]), None, id="label-too-long"),
+        pytest.param((*GOOD_BOOK[:3], -1, *GOOD_BOOK[4:]), None, id="negative-bytes"),
+        pytest.param((*GOOD_BOOK[:3], 1 << 62, *GOOD_BOOK[4:]), None, id="bytes-too-large"),
+        pytest.param((*GOOD_BOOK[:4], True, GOOD_BOOK[5]), None, id="bool-bytes"),
+        pytest.param((*GOOD_BOOK[:5], 7), None, id="cgroup-not-text"),
+        pytest.param("abcdef", None, id="a-string"),
+    ],
+)
+def test_a_record_s_ledger_figures_are_read_within_the_ledger_s_bounds(book: object, booked: object) -> None:
+    assert early.booking({"book": book}) == booked
