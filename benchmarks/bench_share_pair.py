@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_host_limits import MIB, Limit, memory_group, wait_ready  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
-from tests.llama_run import free_port  # noqa: E402
+from tests.llama_run import free_port, stop_process  # noqa: E402
 from tests.tiny_gguf import write_wide_kv_gguf  # noqa: E402
 
 
@@ -95,13 +95,7 @@ def pair(
 
 
 def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> str:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, 30)
     log.seek(0)
     return log.read().decode(errors="replace")
 

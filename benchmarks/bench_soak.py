@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
-from tests.llama_run import free_port, healthy  # noqa: E402
+from tests.llama_run import free_port, healthy, stop_process  # noqa: E402
 from tests.tiny_gguf import write_wide_kv_gguf  # noqa: E402
 
 MIB = 1 << 20
@@ -174,13 +174,7 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float) -> bool
 
 
 def stop(proc: subprocess.Popen[bytes]) -> list[str]:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, 30)
     assert proc.stdout is not None
     return proc.stdout.read().decode(errors="replace").splitlines()
 

@@ -99,6 +99,17 @@ def serving(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to a process still running, SIGKILL after grace seconds; waited for either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_server_until_ready(
     bin_dir: Path,
     args: Sequence[str],
@@ -132,12 +143,6 @@ def run_server_until_ready(
         else:
             raise TimeoutError(f"llama-server neither ready nor exited in {timeout}s: {argv}")
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, 10)
     assert proc.stdout is not None
     return code, proc.stdout.read().decode(errors="replace")

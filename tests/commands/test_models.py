@@ -9,20 +9,13 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from safe_llama.commands import models
 from safe_llama.commands.models import Progress, Row, plan_rows, render_json, render_text
-from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import Sourced
-from safe_llama.device.llama_listing import DeviceRequest, parse_list_devices
-from safe_llama.device.probe_free import reading_from_dict
-from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
-from safe_llama.device.probe_sysfs import SysfsReport
-from safe_llama.device.probe_vulkan import report_from_dict as vulkan_from_dict
-from safe_llama.device.target_device import resolve_target
+from safe_llama.device.llama_listing import parse_list_devices
 from safe_llama.paths import packaged_configs
 from safe_llama.pipeline.model_fits import Place, asked
 from safe_llama.pipeline.model_index import read_all
@@ -33,6 +26,7 @@ from safe_llama.plan.policy import Policy, load_policy
 from safe_llama.plan.target import Target, target_from, target_policy
 from safe_llama.units import human
 from tests import FIXTURES
+from tests.h200_vulkan import recorded_probes, replayed
 from tests.tiny_gguf import write_tiny_gguf
 
 GIB = 1 << 30
@@ -120,19 +114,8 @@ def test_progress_shows_only_on_a_terminal_after_a_second() -> None:
 
 def _recorded_places(policy: Policy) -> tuple[Place, ...]:
     """The H200 as a launch mapped it there (Vulkan0, NVML's free memory), and its host, from the recorded probes."""
-    recorded: dict[str, Any] = json.loads((H200 / "safe-llama-devices.json").read_text())
-    listed = parse_list_devices((H200 / "list-devices.txt").read_text())
-    device = resolve_target(
-        request=DeviceRequest(None, "default", None), listed=listed,
-        opencl=opencl_from_dict(recorded["opencl"]), sysfs=SysfsReport((), (), "not replayed"),
-        host_total=recorded["host"]["total"]["value"], env={},
-        free_now=[reading_from_dict(r) for r in recorded["free"]["readings"]],
-        vulkan=vulkan_from_dict(recorded["vulkan"]),
-    )  # fmt: skip
-    available = Sourced(int(recorded["host"]["available"]["value"]), "probed", "/proc/meminfo: MemAvailable")
-    host = HostBudget(total=Sourced(int(recorded["host"]["total"]["value"]), "probed", "MemTotal"),
-                      available=available, cgroup_max=None, cgroup_current=None, rlimit_as=None,
-                      budget_bytes=available, note="replayed")  # fmt: skip
+    device, host = replayed(recorded_probes())
+    available = host.available
     gpu = target_from(device, host, binary_version="0.6.0-dev")
     cpu = Target(backend="cpu", host_budget=available, on_gpu=False, binary_version="0.6.0-dev")
     assert device.memory_free_bytes is not None

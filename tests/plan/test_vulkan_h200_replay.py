@@ -16,8 +16,6 @@ import pytest
 
 from safe_llama.cmdline.llama_args import parse
 from safe_llama.cmdline.request import to_request
-from safe_llama.device.host_budget import HostBudget
-from safe_llama.device.limits import Sourced
 from safe_llama.device.llama_listing import DeviceRequest, parse_list_devices
 from safe_llama.device.probe_free import reading_from_dict
 from safe_llama.device.probe_opencl import report_from_dict as opencl_from_dict
@@ -33,6 +31,7 @@ from safe_llama.plan.planner import plan
 from safe_llama.plan.policy import load_policy
 from safe_llama.plan.target import Target, target_from
 from tests import FIXTURES as TEST_FIXTURES
+from tests.h200_vulkan import recorded_probes, replayed
 from tests.tiny_gguf import write_tiny_gguf
 
 FIXTURES = TEST_FIXTURES / "nvidia-h200-vulkan"
@@ -51,26 +50,15 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def recorded() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / "safe-llama-devices.json").read_text())
-    return data
+    return recorded_probes()
 
 
 def _target(recorded: dict[str, Any], free_bytes: int | None = None) -> Target:
     """The device as a launch maps it from the recorded probes (free memory replaced when given)."""
-    text = (FIXTURES / "list-devices.txt").read_text()
-    free = [reading_from_dict(r) for r in recorded["free"]["readings"]]
+    free = None
     if free_bytes is not None:
         free = [reading_from_dict({**recorded["free"]["readings"][0], "free_bytes": free_bytes})]
-    device = resolve_target(
-        request=DeviceRequest(None, "default", None), listed=parse_list_devices(text),
-        opencl=opencl_from_dict(recorded["opencl"]), sysfs=SysfsReport((), (), "not replayed"),
-        host_total=recorded["host"]["total"]["value"], env={}, free_now=free,
-        vulkan=vulkan_from_dict(recorded["vulkan"]),
-    )  # fmt: skip
-    available = Sourced(int(recorded["host"]["available"]["value"]), "probed", "/proc/meminfo: MemAvailable")
-    host = HostBudget(total=Sourced(int(recorded["host"]["total"]["value"]), "probed", "MemTotal"),
-                      available=available, cgroup_max=None, cgroup_current=None, rlimit_as=None,
-                      budget_bytes=available, note="replayed")  # fmt: skip
+    device, host = replayed(recorded, free)
     target = target_from(device, host, binary_version="0.6.0-dev")
     policy = load_policy(packaged_configs() / "planner.toml")
     # the policy's parts of the target, as pipeline/prepare.replan sets them
