@@ -78,6 +78,11 @@ RETRY_WORKER = Message(
     "attempt {attempt} failed: RPC worker {worker} {how}, with {held} planned there ({failure}); "
     "retrying with at most {cap} on it"
 )
+# A start whose log was cut short (diagnosis/signatures.cut_short), run once more (attempts/attempt_loop.py)
+LOG_CUT = Message(
+    "attempt {attempt} exited {code} before llama.cpp's log said why (it loses its last lines when it exits within "
+    "milliseconds); starting the same again to read it"
+)
 # Every start failed for memory (attempts/attempt_loop.py, with the planner's NOTHING_FITS)
 NO_ATTEMPTS_LEFT = Message("attempt {attempt} failed: {failure}; no attempts left")
 NO_SMALLER_PLAN = Message("no plan smaller than the one that failed ({kv}); giving up after {attempts} attempt(s)")

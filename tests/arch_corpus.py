@@ -35,6 +35,8 @@ STATE_LINE = re.compile(
     r"llama_dsv4_comp_state: (?P<name>\w+) ratio = \d+, state = (?P<size>\d+) x \d+, streams = (?P<streams>\d+), "
     r"rs_seq = \d+, layers = (?P<layers>\d+), size = +(?P<mib>[\d.]+) MiB"
 )
+# runs of one configuration until its log is whole (run_config says why a log is cut short)
+TRIES = 25
 # sched_reserve runs after every memory module exists: a log without it was cut short
 DONE = "sched_reserve:"
 # llama_init_from_model's refusals of a cache type the model cannot take (src/llama-context.cpp): the
@@ -159,14 +161,16 @@ def run_config(
 ) -> tuple[int | None, str]:
     """The log of the real binary loading model with this configuration.
 
-    llama.cpp logs from a worker thread and, exiting (on an error especially), sometimes loses the last
-    lines: a log that ends before its compute buffers or a refusal is taken again, up to five times.
+    llama.cpp logs from a worker thread that its exit does not wait for (common_log_main() is never destroyed),
+    so a run that ends within milliseconds loses the log's tail: here, llama-completion on llada-dense at
+    np3-fa-off lost it in 61 of 300 runs, each exiting 0 about 10 ms in; under CI's load five in a row once
+    did. A log that ends before its compute buffers or a refusal is taken again, up to TRIES times.
     Returns (exit code, None for a server that became ready; the log).
     """
     common = ["-m", str(model), *config.args, "-lv", "4", "-fit", "off", "--no-warmup"]
     log = ""
     code: int | None = None
-    for _ in range(5):
+    for _ in range(TRIES):
         if config.tool == "server":
             code, log = run_server_until_ready(bin_dir, common, env, timeout=timeout)
         else:

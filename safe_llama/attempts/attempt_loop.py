@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from safe_llama.attempts import retry
 from safe_llama.errors import ExitStatus, SafeLlamaError
-from safe_llama.messages import AFTER_FAILED_STARTS, NO_ATTEMPTS_LEFT, NO_SMALLER_PLAN, RETRY, RETRY_WORKER
+from safe_llama.messages import (
+    AFTER_FAILED_STARTS,
+    LOG_CUT,
+    NO_ATTEMPTS_LEFT,
+    NO_SMALLER_PLAN,
+    RETRY,
+    RETRY_WORKER,
+)
 from safe_llama.plan.lessons import Lessons
 from safe_llama.plan.target import RemoteDevice
 from safe_llama.units import human
@@ -102,6 +109,8 @@ class AttemptLoop:
         self._last_kv: retry.Footprint | None = None  # the last failed attempt's: the next is smaller
         self._held: dict[str, int] = {}  # by RPC device name, after a worker failed: what the plan put there
         self._failure: Failure | None = None
+        self._reran = False  # a start whose log was cut short ran again (at most once a launch)
+        self._again = False  # the next start is the last one again: its plan is not said twice
 
     def planned(self) -> bool:
         """The attempt starts the plan (not llama.cpp's own sizes): with prediction on, or after a failure."""
@@ -132,10 +141,11 @@ class AttemptLoop:
                 AFTER_FAILED_STARTS.text(error=prepared.error.message, failed=number - 1), ExitStatus.RETRIES_EXHAUSTED
             )
         else:
-            if not (self._said and number == 1):
+            if not (self._said and number == 1) and not self._again:
                 lines = (*(step.reason for step in prepared.plan.steps), *prepared.plan.said)
             argv, extra = final_argv(prepared), dict(prepared.plan.env_changes)
             kv_now = retry.planned_footprint(prepared)
+        self._again = False
         last, give_up = self._last_kv, None
         if last is not None and kv_now is not None and all(n >= b for n, b in zip(kv_now, last, strict=True)):
             kv = f"{human(last[2])} of KV, {human(last[1])} of it on the device, {human(last[0])} on the device in all"
@@ -147,6 +157,10 @@ class AttemptLoop:
         """How the attempt ended: leave, retry (the lesson learned), or find the RPC worker that stopped."""
         from safe_llama.process.workers import endpoint_of
 
+        cut = outcome.failure is not None and outcome.failure.kind == "log_cut"
+        if cut and outcome.user_stop_signal is None and not self._reran and self.number < self._attempts:
+            self._reran = self._again = True  # the same start again: its log says why this time
+            return Retry(((LOG_CUT.text(attempt=self.number, code=outcome.exit_code), "warning"),))
         if not outcome.retry:  # ready, stopped, or not memory: the child's own message is on the terminal
             return Exit(outcome.exit_code)
         failure = outcome.failure

@@ -3,6 +3,9 @@
 Owns the signature table (configs/signatures.toml plus a user's file: each row's pattern, category, stage and
 the lesson it teaches), the incremental line scanner and the memory-or-not classification. Pure: no I/O but
 reading the table files; must not launch or signal.
+
+Over 400 lines on purpose: the table's loading and checking is half of it, and the scanner and the classification
+share its Match and Failure; a split would only move those types.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ Category = Literal["alloc", "context", "not_memory", "generic", "harmless"]
 CATEGORIES: tuple[str, ...] = get_args(Category)
 
 # What a failed start was. Memory kinds (a smaller plan may fix them): alloc, oom_killed, context.
-FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", "exit"]
+# log_cut: an exit whose log ended before it said why (cut_short): the same start runs once more to read it.
+FailureKind = Literal["alloc", "oom_killed", "context", "not_memory", "signal", "exit", "log_cut"]
 MEMORY_KINDS: frozenset[str] = frozenset({"alloc", "oom_killed", "context"})
 # What a row's `teaches` may name: a field of the one record of lessons (attempts/retry.py's LEARNERS fill them).
 LESSON_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Lessons))
@@ -290,11 +294,13 @@ class Lines:
 
 
 class Scanner:
-    """Turns one output stream's chunks into Matches, line by line (Lines: memory bounded by max_line)."""
+    """Turns one output stream's chunks into Matches, line by line (Lines: memory bounded by max_line), and keeps
+    the last line that was not blank (cut_short asks it)."""
 
     def __init__(self, table: SignatureTable, *, max_line: int = MAX_LINE) -> None:
         self._table = table
         self._lines = Lines(max_line=max_line)
+        self.last_line: str | None = None
 
     def feed(self, data: bytes) -> list[Match]:
         return self._matches(self._lines.feed(data))
@@ -304,8 +310,23 @@ class Scanner:
         return self._matches(self._lines.close())
 
     def _matches(self, lines: list[str]) -> list[Match]:
+        self.last_line = next((line for line in reversed(lines) if line.strip()), self.last_line)
         found = (self._table.match_line(line) for line in map(clean_line, lines) if line)
         return [match for match in found if match is not None]
+
+
+def cut_short(last_line: str | None) -> bool:
+    """llama.cpp's log ended before it said why the start failed: its last line is a timestamped info, warning or
+    debug line. llama.cpp logs from a worker thread that its exit does not wait for (common/log.cpp leaks the
+    logger on purpose), so a process that exits within milliseconds of its error can lose the log's last lines
+    (here: 5 of 200 llama-completion starts that failed to allocate their KV under RLIMIT_AS ended at `load the
+    model`); a failed start's last words are E lines. Without the timestamps (--no-log-timestamps or
+    --no-log-prefix) this cannot be told: False."""
+    if last_line is None:
+        return False
+    line = ESCAPES.sub("", last_line).rstrip()
+    stamped = _TIMESTAMP_PREFIX.search(line)
+    return stamped is not None and line[stamped.end() - 2] != "E"
 
 
 def scan_text(table: SignatureTable, data: bytes) -> list[Match]:
@@ -344,7 +365,9 @@ def _memory_failure(kind: FailureKind, decisive: Match | None, matches: Sequence
     )
 
 
-def classify(matches: Sequence[Match], returncode: int | None, *, oom_evidence: str | None = None) -> Failure | None:
+def classify(
+    matches: Sequence[Match], returncode: int | None, *, oom_evidence: str | None = None, cut: bool = False
+) -> Failure | None:
     """What a start that ended before readiness means.
 
     returncode follows subprocess: N for exit(N), -N for death by signal N, None when the child was
@@ -357,7 +380,7 @@ def classify(matches: Sequence[Match], returncode: int | None, *, oom_evidence: 
     never does: an alloc line anywhere after it still does); else a generic line is not memory; else
     SIGKILL with evidence is the OOM killer (oom_killed, memory); else a signal is a crash or a stop,
     a user's `kill -9` included (not memory); else a generic context failure is memory; else a non-zero
-    exit is not memory.
+    exit is not memory: log_cut where cut (cut_short of the log's last line), exit otherwise.
     """
     if returncode == 0:
         return None
@@ -388,4 +411,4 @@ def classify(matches: Sequence[Match], returncode: int | None, *, oom_evidence: 
         return _memory_failure("context", context, matches, None)
     if returncode is None:
         return None
-    return Failure(kind="exit", memory=False)
+    return Failure(kind="log_cut" if cut else "exit", memory=False)

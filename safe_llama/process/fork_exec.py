@@ -229,6 +229,19 @@ def spawn_on_pipes(
     return proc, out_src, err_src
 
 
+def kill_unseen(proc: Proc, out_src: int, err_src: int | None) -> None:
+    """A child of spawn_on_pipes no longer wanted before any of its output was read: its process group killed,
+    the child reaped, its pipes closed with whatever it wrote still in them (nothing of it reaches the user)."""
+    try:  # noqa: SIM105 -- it may be gone already (the reap below takes its status either way)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+    os.close(out_src)
+    if err_src is not None:
+        os.close(err_src)
+
+
 def _child(
     prctl: object,
     parent: int,

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from safe_llama.diagnosis.signatures import Failure, Match, Scanner, SignatureTable, classify
+from safe_llama.diagnosis.signatures import Failure, Match, Scanner, SignatureTable, classify, cut_short
 from safe_llama.process.relay import Stream
 
 
@@ -82,5 +82,8 @@ class StartupWatcher:
             return None
         for scanner in self._scanners.values():
             self.matches.extend(scanner.close())
+        # llama.cpp logs to stderr (a pty or 2>&1: the one combined stream)
+        log = self._scanners.get(Stream.STDERR) or self._scanners.get(Stream.COMBINED)
+        cut = log is not None and cut_short(log.last_line)
         self._scanners.clear()
-        return classify(self.matches, returncode, oom_evidence=oom_evidence)
+        return classify(self.matches, returncode, oom_evidence=oom_evidence, cut=cut)

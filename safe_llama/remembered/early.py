@@ -8,7 +8,8 @@ content), every environment variable it read (by a salted digest of the value; a
 the value of, by whether it is set), and a host budget still at least what the plan needs, and a cgroup's
 headroom too where one limits it (fast_record.py says why that rule is sound). A plan made for a GPU holds too
 while that GPU's free memory, one vendor reading (device/vendor_free.py), is within the plan's margin of what it
-was (fast_record.device_rule says why), and while the other launches sharing the machine are the ones it was
+was (fast_record.device_rule says why; a server's child starts while that reading answers and is killed unseen
+if it says otherwise: _start), and while the other launches sharing the machine are the ones it was
 planned beside (other_launches). The child then gets the recorded argv and environment changes, and the
 supervisor, once imported, adopts it (launch.adopted) as attempt 1 and writes its ledger entry from what the
 record kept of the plan's reservation (booking: the entry comes right after the spawn).
@@ -18,6 +19,8 @@ sys, hashlib, constants and trust (marshal); vendor_free, with select, only for 
 signal, only once a record is found: no subprocess, dataclasses, typing, pathlib, json, re, ctypes) as it runs
 before anything else. Pipe mode only: a terminal on both
 stdin and stdout takes the normal path (the pty).
+
+Over 400 lines on purpose: what runs before the supervisor is imported is one module, one import.
 """
 
 from __future__ import annotations
@@ -217,24 +220,30 @@ def still_valid(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
     """Everything the recorded plan was made from is as it was (see the module's docstring). A GPU's reading,
     the one check that asks a driver (tens of ms), begins first and is collected last."""
     try:
-        device = record["device"]
-        reading = device_reading(device) if device is not None else None
+        reading = begin_reading(record)
     except (KeyError, TypeError, ValueError, IndexError):
         return False
     try:
-        if not _unchanged(record, env):
-            return False
-        if reading is not None:
-            free_then, margin = int(device[2]), int(device[3])
-            free = reading.result()
-            if free is None or abs(free - free_then) > margin:
-                return False
+        return _unchanged(record, env) and (reading is None or free_within(record, reading))
     except (KeyError, TypeError, ValueError, IndexError):
         return False
     finally:
         if reading is not None:
             reading.cancel()  # a check before it failed: its answer is not wanted
-    return True
+
+
+def begin_reading(record: Mapping[str, Any]) -> vendor_free.Reading | None:
+    """The GPU's reading the record's device rule asks for, begun; None: a plan made without a GPU."""
+    device = record["device"]
+    return device_reading(device) if device is not None else None
+
+
+def free_within(record: Mapping[str, Any], reading: vendor_free.Reading) -> bool:
+    """The GPU's free memory, as the reading answers, is within the plan's margin of what it was."""
+    device = record["device"]
+    free_then, margin = int(device[2]), int(device[3])
+    free = reading.result()
+    return free is not None and abs(free - free_then) <= margin
 
 
 def _unchanged(record: Mapping[str, Any], env: Mapping[str, str]) -> bool:
@@ -346,28 +355,63 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | Non
         return None
     path = record_path(env, key(door, args, cwd, hidden))
     record = load(path)
-    if record is None or not still_valid(record, env):
+    if record is None:
         return None
     try:
-        argv = [str(record["binary"])]
-        argv += [args[word] if isinstance(word, int) else str(word) for word in record["argv"]]
-        extra = dict(record["extra_env"])
-        if not isinstance(record["tool"], str) or not isinstance(record["status"], str):
-            return None
-        sources = list(record["counters"])
+        reading = begin_reading(record)
     except (KeyError, TypeError, ValueError, IndexError):
         return None
+    try:
+        return _start(door, args, env, record, path, reading)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    finally:
+        if reading is not None:
+            reading.cancel()  # a check before it failed: its answer is not wanted
+
+
+def _start(
+    door: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    record: dict[str, Any],
+    path: str,
+    reading: vendor_free.Reading | None,
+) -> Early | None:
+    """start() once the record is read and its GPU's reading begun. KeyError and the like: a record of a wrong
+    shape (no start).
+
+    A server's child starts before the GPU's reading is collected (the reading takes tens of ms, the child's own
+    start far longer before it asks the driver for memory) and is killed unseen when the reading says the plan no
+    longer holds: its output is still in the pipes, it read no stdin (llama-server does not), and a terminal's
+    foreground was not given to it. Any other child, whose stdin is the user's, starts only once every check holds.
+    """
+    if not _unchanged(record, env):
+        return None
+    argv = [str(record["binary"])]
+    argv += [args[word] if isinstance(word, int) else str(word) for word in record["argv"]]
+    extra = dict(record["extra_env"])
+    if not isinstance(record["tool"], str) or not isinstance(record["status"], str):
+        return None
+    sources = list(record["counters"])
     if booking(record) is None:
         return None
     from safe_llama.process import fork_exec
 
+    foreground = fork_exec.terminal_foreground(0)
+    ahead = reading is not None and record["tool"] == "server" and foreground is None
+    if reading is not None and not ahead and not free_within(record, reading):
+        return None
     child_env = fork_exec.supervised_env(env, extra, os.getpid())
     _, mask_before = fork_exec.block_watched(False)
     counters = read_counters(sources)
-    foreground = fork_exec.terminal_foreground(0)
     try:
         proc, out_src, err_src = fork_exec.spawn_on_pipes(argv, child_env, (None, 1, 2), foreground)
     except OSError:  # the normal path finds the binary again, and says what is wrong with it
+        fork_exec.restore_mask(mask_before)
+        return None
+    if ahead and reading is not None and not free_within(record, reading):
+        fork_exec.kill_unseen(proc, out_src, err_src)
         fork_exec.restore_mask(mask_before)
         return None
     started = fork_exec.Started(proc.pid, out_src, err_src, counters, foreground is not None, mask_before)

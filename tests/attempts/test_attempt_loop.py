@@ -66,6 +66,27 @@ def test_an_exit_that_is_not_memory_ends_the_launch(launch: Launch) -> None:
     assert loop.observe(_ended(Failure(kind="exit", memory=False), 2)) == Exit(2)
 
 
+def test_a_start_whose_log_was_cut_short_runs_once_more_the_same(launch: Launch) -> None:
+    """llama.cpp can lose its last log lines when it exits within ms (signatures.cut_short): the same start runs
+    again, once a launch, said in one line and without the plan's lines again; a second cut log ends the launch
+    with the child's code, as an exit that is not memory does."""
+    prepared, _, asked = launch
+    loop = _loop(launch)
+    first = loop.next_start()
+    cut = Failure(kind="log_cut", memory=False)
+    verdict = loop.observe(_ended(cut))
+    assert isinstance(verdict, Retry) and not verdict.read_free_again
+    said = "attempt 1 exited 1 before llama.cpp's log said why (it loses its last lines when it exits within "
+    assert verdict.lines == ((said + "milliseconds); starting the same again to read it", "warning"),)
+    again = loop.next_start()
+    assert (again.number, again.argv, again.extra_env, again.lines) == (2, first.argv, first.extra_env, ())
+    assert asked == [] and loop.prepared is prepared  # not planned again
+    assert loop.observe(_ended(cut)) == Exit(1)
+    last = _loop(launch, attempts=1)
+    last.next_start()
+    assert last.observe(_ended(cut)) == Exit(1)  # no attempt left for it
+
+
 def test_each_failure_is_planned_again_once_and_smaller(launch: Launch) -> None:
     prepared, _, asked = launch
     assert prepared.plan is not None

@@ -728,3 +728,34 @@ def test_a_failure_carries_the_lessons_its_lines_teach() -> None:
     failure = classify(scan_text(TABLE, log_bytes("cuda-compute-oom-q8.log")), 1)
     assert failure is not None and failure.teaches == ("compute_extra",)
     assert all(sig.teaches in (None, *LESSON_FIELDS) for sig in TABLE.signatures)
+
+
+def test_a_log_that_ends_on_an_info_line_was_cut_short() -> None:
+    """llama.cpp's logger thread is not waited for at exit: 5 of 200 real starts that failed to allocate their KV
+    ended at `load the model` (the fixture); the other 195 ended on E lines. A failed start's last words are E
+    lines, so a last line of another level is a log cut short; a line without llama.cpp's timestamp (its own usage
+    message, --no-log-prefix) says nothing."""
+    from safe_llama.diagnosis.signatures import Scanner, cut_short
+    from safe_llama.process.relay import Stream
+    from safe_llama.process.startup import StartupWatcher
+
+    cut = log_bytes("completion-log-cut.log")
+    scanner = Scanner(TABLE)
+    scanner.feed(cut)
+    assert cut_short(scanner.last_line)
+    watcher = StartupWatcher(TABLE)
+    watcher.output(Stream.STDERR, cut)
+    failure = watcher.conclude(1)
+    assert failure is not None and failure.kind == "log_cut" and not failure.memory
+    whole = cut + b"0.00.017.531 E ggml_aligned_malloc: insufficient memory (attempted to allocate 3128.00 MB)\n"
+    whole += b"0.00.018.873 E llama_completion: error: unable to create context\n"
+    assert not cut_short(Scanner(TABLE).last_line)
+    watcher = StartupWatcher(TABLE)
+    watcher.output(Stream.STDERR, whole)
+    failure = watcher.conclude(1)
+    assert failure is not None and failure.memory and failure.kind == "alloc"
+    assert not cut_short("error: invalid argument: --bogus")
+    assert not cut_short("0.00.006.870 E gguf_init_from_file: failed to open GGUF file '/nonexistent.gguf'")
+    assert cut_short("\x1b[32m0.00.002.706 I llama_completion: load the model\x1b[0m")  # a pty's colours
+    assert classify([], 1, cut=True) == Failure(kind="log_cut", memory=False)
+    assert classify([], -signal.SIGSEGV, cut=True) == Failure(kind="signal", memory=False, signal=signal.SIGSEGV)

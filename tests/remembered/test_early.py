@@ -400,3 +400,82 @@ GOOD_BOOK = ("model m.gguf", "GPU-1", "CUDA0", 5 << 30, 300 << 20, "/sys/fs/cgro
 )
 def test_a_record_s_ledger_figures_are_read_within_the_ledger_s_bounds(book: object, booked: object) -> None:
     assert early.booking({"book": book}) == booked
+
+
+class _Free:
+    """A GPU reading that answers `free` and notes, when asked, whether the child had been spawned by then."""
+
+    def __init__(self, free: int, spawned: list[int]) -> None:
+        self.free, self.spawned = free, spawned
+        self.asked_after: list[int] = []
+
+    def result(self) -> int:
+        self.asked_after.append(len(self.spawned))
+        return self.free
+
+    def cancel(self) -> None:
+        pass
+
+
+def _gpu_record(tmp_path: Path, tool: str) -> dict[str, Any]:
+    """A record whose every rule but the GPU's holds here, for a binary that talks at once and then waits."""
+    binary = tmp_path / "talks-then-waits"
+    binary.write_text("#!/bin/sh\necho the ahead start spoke\necho and on stderr >&2\nexec sleep 30\n")
+    binary.chmod(0o755)
+    return {"salt": b"s" * 16, "files": [], "contents": [], "env": [], "env_present": [], "env_prefixes": [],
+            "host": None, "cgroup": None, "others": "", "binary": str(binary), "argv": [], "extra_env": {},
+            "tool": tool, "status": "planned", "counters": [], "book": GOOD_BOOK, "lines": [],
+            "device": ("nvml", "GPU-1", 60 << 30, 1 << 30)}  # fmt: skip
+
+
+@pytest.fixture
+def spawns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids early's starts spawn (its cache folder one with no ledger: no other launches)."""
+    from safe_llama.process import fork_exec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    pids: list[int] = []
+    real = fork_exec.spawn_on_pipes
+
+    def spawn(*args: Any, **kwargs: Any) -> Any:
+        started = real(*args, **kwargs)
+        pids.append(started[0].pid)
+        return started
+
+    monkeypatch.setattr(fork_exec, "spawn_on_pipes", spawn)
+    return pids
+
+
+def test_a_server_starts_while_its_gpu_reading_answers(tmp_path: Path, spawns: list[int]) -> None:
+    """The server's child is spawned before the reading is collected (NVML's tens of ms overlap its start)."""
+    reading = _Free(60 << 30, spawns)
+    started = early._start("safe-llama", [], os.environ, _gpu_record(tmp_path, "server"), "r", reading)  # type: ignore[arg-type]
+    assert started is not None and reading.asked_after == [1]
+    from safe_llama.process import fork_exec
+
+    child = started.started
+    fork_exec.kill_unseen(fork_exec.Proc(child.pid), child.stdout_src, child.stderr_src)
+    fork_exec.restore_mask(child.mask_before)
+
+
+def test_a_server_started_ahead_of_a_reading_that_says_no_is_killed_unseen(
+    tmp_path: Path, spawns: list[int], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """8 GiB less free than planned (the margin is 1 GiB): the child started ahead is killed and reaped, and
+    nothing it wrote reaches safe-llama's output; the normal path then plans."""
+    reading = _Free(52 << 30, spawns)
+    record = _gpu_record(tmp_path, "server")
+    assert early._start("safe-llama", [], os.environ, record, "r", reading) is None  # type: ignore[arg-type]
+    assert reading.asked_after == [1] and len(spawns) == 1
+    with pytest.raises(ProcessLookupError):  # reaped: not even a zombie
+        os.kill(spawns[0], 0)
+    out, err = capfd.readouterr()
+    assert "spoke" not in out and "stderr" not in err
+
+
+def test_any_other_tool_starts_only_once_its_gpu_reading_holds(tmp_path: Path, spawns: list[int]) -> None:
+    """llama-cli and llama-completion read the user's stdin: nothing is started ahead of the reading."""
+    for tool in ("cli", "completion"):
+        reading = _Free(52 << 30, spawns)
+        assert early._start("safe-llama", [], os.environ, _gpu_record(tmp_path, tool), "r", reading) is None  # type: ignore[arg-type]
+        assert reading.asked_after == [0] and not spawns
