@@ -479,3 +479,31 @@ def test_any_other_tool_starts_only_once_its_gpu_reading_holds(tmp_path: Path, s
         reading = _Free(52 << 30, spawns)
         assert early._start("safe-llama", [], os.environ, _gpu_record(tmp_path, tool), "r", reading) is None  # type: ignore[arg-type]
         assert reading.asked_after == [0] and not spawns
+
+
+@pytest.mark.slow
+def test_an_early_start_whose_log_was_cut_short_runs_again_from_the_plan(
+    tmp_path: Path, llama_bin: Path, bundled_model: Path, clean_env: dict[str, str]
+) -> None:
+    """Attempt 1 started from the record and its log was cut short (attempts/test_launch.py's CUT_SHIM): the full
+    path plans and runs the same argv again, and the record stays (nothing says the plan was wrong)."""
+    from tests import FIXTURES
+    from tests.attempts.test_launch import CUT_SHIM
+
+    bin_dir, runs, cut_once = tmp_path / "bin", tmp_path / "runs", tmp_path / "cut-once"
+    bin_dir.mkdir()
+    shim = bin_dir / "llama-completion"
+    shim.write_text(CUT_SHIM.format(runs=runs, cut_once=cut_once, real=llama_bin / "llama-completion",
+                                    fixture=FIXTURES / "logs" / "completion-log-cut.log"))  # fmt: skip
+    shim.chmod(0o755)
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "cache"), "SAFE_LLAMA_BIN_DIR": str(bin_dir)}
+    args = ["completion", "-m", str(bundled_model), "-c", "512", "-n", "2", "-p", "hi", "-no-cnv", "--seed", "1"]
+    cut_once.touch()  # the first launch runs the real binary: it plans and writes its record
+    assert _run(args, env, tmp_path)[0] == 0
+    assert len(_records(env)) == 1
+    cut_once.unlink()
+    code, _, err, _ = _run(args, env, tmp_path)
+    assert code == 0, err[-2000:]
+    assert sum("before llama.cpp's log said why" in line for line in _ours(err)) == 1, _ours(err)
+    assert len(set(runs.read_text().splitlines())) == 1 and len(runs.read_text().splitlines()) == 3
+    assert len(_records(env)) == 1
