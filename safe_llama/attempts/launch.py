@@ -344,8 +344,8 @@ def _hand_off_on(early: Early, door_args: list[str]) -> bool:
 
 def adopted(early: Early, door_args: list[str]) -> int:
     """Attempt 1 started early from a launch record, supervised as run_attempts() supervises its own; when it
-    fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries), as it
-    does, keeping the record, when its log was cut short (the loop runs the same plan again).
+    fails for memory the record is dropped and run_attempts() goes on from there (plans, learns, retries; a log
+    cut short: the same plan again, the record kept).
     Its ledger entry (the reservation the record kept, as _book writes it) comes right after the spawn, not
     before: the ledger is imported only here, once the child runs, so the early start itself stays light; it is
     marked ready with the child, removed at the end (or by the handed supervisor), and a retry books again."""
@@ -385,8 +385,7 @@ def _adopted(early: Early, door_args: list[str], entry: Entry | None) -> int:
 
     if outcome.retry or outcome.killed_for_memory is not None:  # the recorded plan failed for memory: next, plan
         fast_record.drop(early.path)
-    cut = outcome.failure is not None and outcome.failure.kind == "log_cut"  # the loop runs it again
-    if not outcome.retry and not cut:
+    if not outcome.retry and not (outcome.failure is not None and outcome.failure.kind == "log_cut"):
         return outcome.exit_code
     from safe_llama.cmdline import launch_args
     from safe_llama.pipeline.options import launch_options

@@ -243,3 +243,41 @@ def test_http_status_does_not_wait_for_a_rest_that_never_ends() -> None:
         theirs.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
         ours.settimeout(0.05)
         assert http_status(ours, "localhost", "/slots") == 200
+
+
+def test_health_probe_is_checked_at_once_when_the_model_is_loaded() -> None:
+    """`model loaded` is the line after which /health answers 200: the probe asks to be checked once, at once (the
+    supervisor nudges its thread), instead of at the next 0.2 s tick."""
+    probe = HealthProbe("127.0.0.1", free_port())
+    assert probe.output(Stream.STDERR, b"0.00.100.000 I srv    load_model: loading model\n") is False
+    assert probe.check_now() is False
+    assert probe.output(Stream.STDERR, b"0.00.200.000 I srv  llama_server: model loaded\n") is False
+    assert probe.check_now() is True and probe.check_now() is False  # once
+
+
+def test_a_nudged_probe_thread_checks_at_once() -> None:
+    """ProbeThread waits its interval between checks unless nudged; halted, it checks no more."""
+    import os
+    import time
+
+    from safe_llama.process.readiness import ProbeThread
+
+    checks: list[float] = []
+
+    class Counting:
+        def check(self) -> bool:
+            checks.append(time.monotonic())
+            return len(checks) >= 2
+
+    thread = ProbeThread(Counting(), 30.0)  # type: ignore[arg-type]
+    try:
+        began = time.monotonic()
+        thread.nudge()
+        while not checks and time.monotonic() - began < 5:
+            time.sleep(0.001)
+        assert checks and checks[0] - began < 1.0  # not 30 s later
+        thread.nudge()
+        ready = os.read(thread.read_fd, 1)
+        assert ready == b"r" and len(checks) == 2
+    finally:
+        thread.close()
