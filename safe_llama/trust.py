@@ -152,6 +152,7 @@ SHAPES: dict[str, dict[str, type | tuple[type, ...]]] = {
         "book": _SEQUENCE,
     },
     "secret-options": {"options": _SEQUENCE},
+    "resume": {"format": int, "pid": int, "returncode": int, "evidence": str, "outputs": _SEQUENCE},
 }
 
 

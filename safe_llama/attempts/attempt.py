@@ -61,13 +61,15 @@ def run_attempt(
     recorder: Recorder | None = None,
     started: Started | None = None,
     ending: Callable[[], list[str] | None] | None = None,
+    at_spawn: Sequence[str] = (),
 ) -> Outcome:
     """Attempt `number`: argv (the binary first) with env, supervised until it exits; the ready actions run
     when its start-up is over. store: the plan to remember once ready, and record: the launch record to
     write then; recorder: the launch record's window, closed where the child starts; started: the child
     an early start already runs (remembered/early.py), adopted instead of spawned. ending: the words of what the
     caller does after a ready child's end (handoff.ending_words), asked once it is ready, for the handed
-    supervisor this process then becomes (handing); None: no hand-off."""
+    supervisor this process then becomes (handing); None: no hand-off. at_spawn: the words of a hand-off as the
+    child starts (attempts/at_spawn.py), tried at once instead of once it is ready."""
     from safe_llama.process import supervise
     from safe_llama.process.readiness import HealthProbe, probe_for
     from safe_llama.process.startup import StartupWatcher
@@ -88,7 +90,8 @@ def run_attempt(
         probe=NotifyingProbe(probe, notifier) if notifier.enabled else probe,
         started=started,
         say=lambda line: shared.say(line, "warning"),
-        hand_off=handing(tool, probe, notifier, ending),
+        hand_off=handing(tool, probe, notifier, ending, at_spawn),
+        hand_off_at_spawn=bool(at_spawn),
     )
     on_ready.stop_watchdog()
     if outcome.killed_without_evidence is not None:  # a person's `kill -9`, or an OOM kill nothing names
@@ -100,7 +103,11 @@ def run_attempt(
 
 
 def handing(
-    tool: str, probe: ReadinessProbe, notifier: Notifier, ending: Callable[[], list[str] | None] | None
+    tool: str,
+    probe: ReadinessProbe,
+    notifier: Notifier,
+    ending: Callable[[], list[str] | None] | None,
+    start: Sequence[str] = (),
 ) -> Callable[[HandOff], None] | None:
     """What supervise_child calls to hand off once the child is ready (process/handed.py): None where this attempt
     does not (not llama-server, no ending given, a TLS /health with systemd's watchdog on: http.client and ssl
@@ -122,7 +129,7 @@ def handing(
         except Exception:  # the hand-off saves memory: never the reason a ready launch fails
             return
         if words is not None:
-            handed.exec_handed(hand_off, address, words)
+            handed.exec_handed(hand_off, address, words, start)
 
     return hand
 
@@ -194,6 +201,12 @@ class NotifyingProbe:
 
 
 def remember_plan(digest: str, prepared: Prepared, env: Mapping[str, str]) -> bool:
+    return remembered_after_ready(digest, prepared, env) is not None
+
+
+def remembered_after_ready(digest: str, prepared: Prepared, env: Mapping[str, str], suffix: str = "") -> str | None:
+    """The plan remembered as one that became ready (suffix: written beside its file, put in place by the handed
+    supervisor once it is: attempts/at_spawn.py); the file it is kept in, None where it could not be written."""
     from safe_llama.remembered import remember
 
     assert prepared.plan is not None
@@ -204,11 +217,10 @@ def remember_plan(digest: str, prepared: Prepared, env: Mapping[str, str]) -> bo
         prepared.target.host_budget.value,
     )
     try:
-        remember.store(digest, record, env)
+        return str(remember.store(digest, record, env, suffix))
     except OSError as err:
         Say(env)(f"could not remember the plan: {err.strerror}", "warning")
-        return False
-    return True
+        return None
 
 
 def kill_figures(prepared: Prepared) -> tuple[int, int | None, int]:

@@ -13,9 +13,12 @@ import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from safe_llama.attempts.say import Say
+    from safe_llama.process.channels import Child
+    from safe_llama.process.health import Health
+    from safe_llama.process.sdnotify import Notifier
 
 
 def ending_words(
@@ -84,17 +87,35 @@ def _figures(value: str) -> tuple[int, int | None, int]:
 
 
 def main(args: Sequence[str]) -> int:
-    """The handed process: supervise the child to its end, then end as the full safe-llama would have."""
+    """The handed process: supervise the child to its end, then end as the full safe-llama would have; a child
+    handed off as it started (attempts/at_spawn.py) that ended before it was ready goes back to the full safe-llama
+    (attempts/resume.py), whose own words follow resume.MARK."""
+    from safe_llama.attempts import resume
     from safe_llama.process import handed
 
     env = os.environ
     end = list(args).index(handed.END) if handed.END in args else len(args)
     supervision = handed.read_words(args[:end])
-    ending = Ending(args[end + 1 :], env)
-    steady = handed.supervise(supervision, env, lambda line: _say(env)(line, "warning"))
+    rest, argv = list(args[end + 1 :]), None
+    if resume.MARK in rest:
+        at = rest.index(resume.MARK)
+        rest, argv = rest[:at], rest[at + 1 :]
+    ending = Ending(rest, env)
+    watched: Callable[[Child, float, Notifier, Health | None], handed.Watched] = handed.Watched
+    if supervision.start:
+        from safe_llama.process.starting import Starting
+
+        health, status, at_ready = supervision.health, supervision.status, supervision.at_ready
+        assert health is not None
+
+        def watched(child: Child, kill_after: float, notifier: Notifier, _: Health | None) -> handed.Watched:
+            return Starting(child, kill_after, notifier, health, status, at_ready)
+
+    steady = handed.supervise(supervision, env, lambda line: _say(env)(line, "warning"), watched)
     assert steady.returncode is not None
     evidence = None
     say = _say(env)
+    failed_start = not steady.ready and steady.user_stop is None and steady.returncode != 0 and bool(argv)
     if steady.killed_unasked():  # only now the full code's judgement is imported: the child is gone
         from safe_llama.device.probe_host import OomWatch, judge_kill, oom_counters
         from safe_llama.messages import KILLED_NO_EVIDENCE
@@ -105,6 +126,17 @@ def main(args: Sequence[str]) -> int:
         evidence, why = judge_kill(watch, oom_counters(), alone={os.getpid()})
         if evidence is None:
             say(KILLED_NO_EVIDENCE.text(tool=supervision.tool, pid=supervision.pid, why=why), "warning")
+    if failed_start and argv:
+        from safe_llama.process.starting import Starting
+
+        assert isinstance(steady, Starting)
+        steady.drop_at_ready()
+        try:
+            path = resume.write(env, steady.returncode, evidence, steady.captured)
+        except OSError:
+            path = None
+        if path is not None:
+            resume.exec_full(argv, path)  # returns only when the exec failed: this process ends as below
     steady.notifier.stopping()
     if evidence is not None:
         _killed_for_memory(ending, evidence, env, say)

@@ -5,6 +5,8 @@ Owns the shell of the attempt loop (run_attempts: it starts what attempt_loop.At
 lines, reads the GPU's free memory and the RPC workers' presence again when asked, and feeds each outcome
 back), the remembered plan's recall, and the early start's takeover (adopted). Must not decide a retry
 (attempt_loop.py and retry.py do); one attempt's body is attempt.py's, the process handling supervise.py's.
+
+Over 400 lines on purpose: the launch's two ways in (planned, adopted) share its attempts' shell here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from safe_llama.attempts import at_spawn, resume
 from safe_llama.attempts.attempt import LaunchRecord, Supervision, kill_figures, remember_kill, run_attempt
 from safe_llama.attempts.handoff import ending_words
 from safe_llama.attempts.say import Say
@@ -104,19 +107,24 @@ def run_attempts(
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
+    if first is None and resume.RESUME_ENV in os.environ:  # back from a hand-off at the spawn whose start failed
+        taken = resume.take(env)
+        first = resume.outcome(taken, table) if taken is not None else None
     base_env = child_env(raw_env)
     folder = ledger.own_folder(env)
     entry = ledger.arrive(folder, tool) if folder is not None else None  # seen by those that start with it
     try:
         # the ledger's lock while this launch reads the others, plans and writes its entry: the next plans with it
         with ledger.locked(folder, say) if folder is not None else contextlib.nullcontext():
-            prepared, lessons = _prepare(tool, args, env, options.plan, binary, say), Lessons()
+            # attempt 1 may hand off as it starts (its plan counts that); a retry's plan counts the full supervisor
+            at_first = replace(options.plan, hand_off_at_spawn=at_spawn.eligible(tool, args, env, options, door))
+            prepared, lessons = _prepare(tool, args, env, at_first, binary, say), Lessons()
             digest = None
             recalled = False  # a remembered plan was at hand: its use hangs on the budget, so no launch record
             # a model not downloaded yet (planned from its header read over HTTP) is remembered from its next start on
             if prepared is not None and options.remember and (prepared.source is None or prepared.source.on_disk):
                 digest = _remember_key(prepared, binary)
-                prepared, lessons, recalled = _recall(prepared, options.plan, digest, env, say)
+                prepared, lessons, recalled = _recall(prepared, at_first, digest, env, say)
             _book(entry, prepared, tool)
         return _attempts(
             tool, args, env, options, say, binary, table, base_env, prepared, lessons, digest, recalled, entry,
@@ -208,6 +216,11 @@ def _attempts(
                 store = (digest, prepared, env)
                 if recorder is not None and door is not None and attempt == 1 and not recalled:
                     record = LaunchRecord(recorder, door, tool, args, start.argv, prepared, options.plan, status)
+            ending = _ending(entry, prepared, digest, env) if options.hand_off else None
+            spawn_words: list[str] = []
+            if attempt == 1 and ending is not None and at_spawn.planned(prepared):
+                spawn_words, ending = at_spawn.take_over(attempt, entry, store, ending)
+                store, record = None, None  # put in place by the handed supervisor; no launch record
             outcome = run_attempt(
                 shared,
                 tool,
@@ -218,7 +231,8 @@ def _attempts(
                 store=store,
                 record=record,
                 recorder=recorder,
-                ending=_ending(entry, prepared, digest, env) if options.hand_off else None,
+                ending=ending,
+                at_spawn=spawn_words,
             )
         if outcome.killed_for_memory is not None and prepared is not None and prepared.plan is not None:
             remember_kill(*kill_figures(prepared), digest, outcome.killed_for_memory, env, say)

@@ -114,7 +114,10 @@ def run_plan(*, tool: str, args: list[str], given: Mapping[str, str], env: Mappi
 
     launcher = {key: value for key, value in given.items() if key in launch_args.LAUNCHER}
     settings, origins = launch_args.resolve_sourced(launcher, env)
-    options = replace(launch_options(settings, origins).plan, kv_split=flag(given, "kv_split"))
+    launch = launch_options(settings, origins)
+    # the plan of a launch with no terminal on its stdin (a unit, a container): a server may hand off as it starts
+    at_spawn = tool == "server" and launch.hand_off
+    options = replace(launch.plan, kv_split=flag(given, "kv_split"), hand_off_at_spawn=at_spawn)
     return plan_command(tool=tool, args=args, json_out=bool(flag(given, "json")), options=options, env=env)
 
 

@@ -236,14 +236,17 @@ class Entry:
         self.written = False
         self.launch: Launch | None = None
 
-    def write(self, launch: Launch) -> None:
+    def write(self, launch: Launch, suffix: str = "") -> None:
+        """The entry as launch says (suffix: beside the entry, under its name and this suffix, for the handed
+        supervisor to put in place later: attempts/at_spawn.py)."""
         temporary = self.path.with_suffix(".tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as file:
             json.dump(asdict(launch), file)
-        os.replace(temporary, self.path)
-        self.written = True
-        self.launch = launch
+        os.replace(temporary, f"{self.path}{suffix}")
+        if not suffix:
+            self.written = True
+            self.launch = launch
 
     def ready(self) -> None:
         """Its llama.cpp is ready: everything it planned is allocated (and in the figures others read)."""

@@ -96,6 +96,19 @@ def _tightest(base: Path, leaf: Path, limit_file: str, unlimited: int | None) ->
         directory = directory.parent
 
 
+def own_anon_bytes(status: Path = Path("/proc/self/status")) -> int | None:
+    """This process's anonymous memory (RssAnon): what its cgroup is charged for it and an exec gives back."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                words = line.split()
+                if len(words) == 3 and words[1].isdigit() and words[2] == "kB":
+                    return int(words[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def read_cgroup_memory(
     *, proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
 ) -> tuple[CgroupMemory | None, str]:

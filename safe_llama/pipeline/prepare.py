@@ -1,6 +1,9 @@
 """The commands' bodies: each gathers facts, calls the pure core, and renders one result.
 
 Owns the order of the steps for a command; must not hold policy nor parse options itself.
+
+Over 400 lines on purpose: the one road from a command line to a plan (prepare, replan) and the options and
+result it carries; its parts with a concern of their own (remote_header, model_scan) are already out.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class PlanOptions:
     llama_version: str | None = None  # planning for another build: its `--version`
     kv_split: bool | None = None  # force the allocation model: split at max alloc, or one buffer
     share: float | None = None  # --share: at most this part of the device's and the host's memory
+    # the launch can hand its supervision off as it starts llama-server (attempts/at_spawn.eligible): under a
+    # cgroup, on the CPU, the plan counts what that gives back (Probed.own_charge)
+    hand_off_at_spawn: bool = False
 
 
 DEFAULT_ATTEMPTS = 4
@@ -246,6 +252,11 @@ def _prepare(
         listed_rpc = report.rpc.devices
     workers = remote_devices(listed_rpc, options.declared.rpc_memory)
     target = replace(probed_target(report, options, env), remote=workers)
+    if options.hand_off_at_spawn and tool == "server" and target.backend == "cpu" and not target.on_gpu:
+        from safe_llama.device.probe_host import own_anon_bytes
+
+        if any(limit.kind == "cgroup" for limit in target.limits_on_host):
+            target = replace(target, own_charge=own_anon_bytes() or 0)
     launches += _arrived(env, launches)
     reading, _ = match_reading(report.target.listed, report.target.pci, report.free.readings, env)
     key = device_key(
@@ -328,6 +339,8 @@ def replan(prepared: Prepared, options: PlanOptions, lessons: Lessons, env: Mapp
     through load_policy's cache)."""
     cmd, req, facts = prepared.cmd, prepared.request, prepared.facts
     probed = prepared.target.probed
+    if probed.own_charge and not options.hand_off_at_spawn:  # a retry: its full supervisor stays (at_spawn.py)
+        probed = replace(probed, own_charge=0)
     policy = load_policy(configs_dir(env) / "planner.toml", config_dir(env) / "config.toml", keep_in=cache_dir(env))
     target = Target.of(probed, target_policy(policy, probed), lessons)
     try:

@@ -346,9 +346,14 @@ def allocations(
             if limit.kind == "cgroup":
                 # what the group is charged at full use, not at start: safe-llama's supervisor (it shares the
                 # group and grows past what was charged when it probed; a ready server's is handed off to a small
-                # one, but requests can fill the context before that: nothing given back is counted), what a
-                # request that fills the context adds to the server, and what the server grows into while it serves
-                overhead += policy.supervisor_bytes
+                # one, but requests can fill the context before that: nothing given back is counted; handed off as
+                # llama-server starts, the small one is all that stays: what this process held when it probed is
+                # given back, the small one's charge taken), what a request that fills the context adds to the
+                # server, and what the server grows into while it serves
+                if target.own_charge:
+                    overhead += policy.handed_supervisor_bytes - target.own_charge
+                else:
+                    overhead += policy.supervisor_bytes
                 if settings.kv.tool == "server":
                     overhead += policy.request_bytes + policy.request_bytes_per_cell * kv.context.n_ctx
             # under a cgroup the page cache of mapped weights is charged but reclaimable: only weights read

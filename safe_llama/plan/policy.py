@@ -72,6 +72,7 @@ class Policy:
     keep_user_ngl: bool = False  # a user's -ngl is kept exactly (no "weights" or "ngl" step lowers it)
     keep_user_kv: bool = True  # a user's -fa off, -ctk, -ctv are constraints of the KV steps
     supervisor_bytes: int = 0  # under a cgroup: what safe-llama's supervisor grows by after it probed
+    handed_supervisor_bytes: int = 0  # under a cgroup: what the handed supervisor is charged (a hand-off at the spawn)
     request_bytes: int = 0  # under a cgroup: what a request filling the context adds to llama-server's process
     request_bytes_per_cell: int = 0  # ... and per context cell
     prompt_cache_charge: float = 1.0  # what a cgroup is charged per byte of llama-server's --cache-ram
@@ -293,6 +294,7 @@ SCHEMA: dict[str, tuple[Kind, Any]] = {
     "request_bytes_per_cell": (PER_UNIT, 0),
     "prompt_cache_charge": (real(0, 16), 1.0),
     "supervisor_bytes": (BYTES, 0),
+    "handed_supervisor_bytes": (BYTES, 0),
     "oom_after_ready_kv_share": (_share, 0.875),
     "max_alloc_margin_bytes": (per_backend(BYTES), REQUIRED),
     "memory_margin_fraction": (per_backend(real(0, 1, open_high=True)), REQUIRED),
@@ -378,6 +380,7 @@ def load_policy(path: Path, user_config: Path | None = None, *, keep_in: Path | 
         keep_user_ngl=values["keep_user_ngl"],
         keep_user_kv=values["keep_user_kv"],
         supervisor_bytes=values["supervisor_bytes"],
+        handed_supervisor_bytes=values["handed_supervisor_bytes"],
         request_bytes=values["request_bytes"],
         request_bytes_per_cell=values["request_bytes_per_cell"],
         prompt_cache_charge=values["prompt_cache_charge"],

@@ -70,6 +70,9 @@ class Probed:
     device_reserved: Sourced[int] | None = None
     share: float | None = None  # --share: at most this part of the device's memory (and the host's, see pipeline)
     share_why: str = ""  # whose share: "--share", or the launches that start together
+    # a launch that hands its supervision off as it starts llama-server (attempts/at_spawn.py): this process's own
+    # charge (its anonymous memory) when it probed, which the exec gives back; 0: the full supervisor stays
+    own_charge: int = 0
 
 
 @dataclass(frozen=True)

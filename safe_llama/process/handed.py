@@ -70,8 +70,8 @@ class HandOff:
         self.mask_before = mask_before  # the signal mask before supervision began, restored at its end
 
 
-def words(hand_off: HandOff, address: Health | None) -> list[str]:
-    """The hand-off's words (see read_words)."""
+def words(hand_off: HandOff, address: Health | None, start: Sequence[str] = ()) -> list[str]:
+    """The hand-off's words (see read_words); start: those of a hand-off at the spawn (attempts/at_spawn.py)."""
     watch = hand_off.watch
     out = [
         f"pid={hand_off.pid}",
@@ -91,16 +91,16 @@ def words(hand_off: HandOff, address: Health | None) -> list[str]:
             out.append(f"health_unix={address.unix_socket}")
         else:
             out += [f"health_host={address.host}", f"health_port={address.port}"]
-    return out
+    return out + list(start)
 
 
-def exec_handed(hand_off: HandOff, address: Health | None, ending: Sequence[str]) -> None:
+def exec_handed(hand_off: HandOff, address: Health | None, ending: Sequence[str], start: Sequence[str] = ()) -> None:
     """Replace this process with the handed supervisor (never returns), the child's output pipes inherited for
     the exec alone; returns only when the exec failed or the small process would refuse its words (read here
-    first, as it reads them), everything as it was."""
+    first, as it reads them), everything as it was. start: a hand-off at the spawn's own words (words())."""
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     flags = [flag for flag, on in (("-E", sys.flags.ignore_environment), ("-s", sys.flags.no_user_site)) if on]
-    own = words(hand_off, address)
+    own = words(hand_off, address, start)
     try:
         read_words(own)
     except ValueError:
@@ -141,6 +141,11 @@ class Handed:
         self.group: str | None = None
         self.group_counter: str | None = None
         self.health: Health | None = None
+        # handed off as it started (attempts/at_spawn.py): watched until ready (starting.py), what to say then, and
+        # the ready actions prepared (each FINAL, whose FINAL.at-ready is put in place)
+        self.start = False
+        self.status = ""
+        self.at_ready: list[str] = []
 
 
 def _number(name: str, text: str, kind: type[int] | type[float], low: float, high: float) -> float:
@@ -198,7 +203,7 @@ def read_words(given: Sequence[str]) -> Handed:
         name, eq, value = word.partition("=")
         if not eq:
             raise ValueError(f"the hand-off's word {word[:40]!r} is not NAME=VALUE")
-        if name in seen and name not in ("source", "counter"):
+        if name in seen and name not in ("source", "counter", "at_ready"):
             raise ValueError(f"the hand-off names {name} twice")
         seen.add(name)
         if name == "pid":
@@ -232,12 +237,20 @@ def read_words(given: Sequence[str]) -> Handed:
             host = _text(name, value)
         elif name == "health_port":
             port = int(_number(name, value, int, 1, 65535))
+        elif name == "start" and value == "1":
+            handed.start = True
+        elif name == "status":
+            handed.status = _text(name, value)
+        elif name == "at_ready" and len(handed.at_ready) < 2:
+            handed.at_ready.append(_path(name, value))
         else:
             raise ValueError(f"the hand-off's word {name[:40]!r} is not one it knows (or one too many)")
     if not handed.pid or not handed.tool or not handed.sources or "kill_after" not in seen:
         raise ValueError("the hand-off lacks the child's pid, its name, its output or kill_after")
     if path:
         handed.health = Health(path, unix, host, port)
+    if handed.start and (handed.health is None or not handed.status):
+        raise ValueError("the hand-off at the spawn lacks the /health address or the status to say when ready")
     return handed
 
 
@@ -284,6 +297,8 @@ def _noted(signo: int, frame: object) -> None:
 class Watched(Steady):
     """Steady, with systemd's watchdog fed every interval while /health answers 200 (ReadyActions' duty in the
     full supervisor): the first check at once, the next `interval` seconds after each one ends."""
+
+    ready = True  # the child serves (a child handed off as it started: once starting.Starting says so)
 
     def __init__(self, child: Child, kill_after: float, notifier: Notifier, address: Health | None) -> None:
         super().__init__(child, kill_after)
@@ -336,16 +351,22 @@ class Watched(Steady):
         self.child.close()
 
 
-def supervise(handed: Handed, env: Mapping[str, str], say: Callable[[str], None]) -> Watched:
+def supervise(
+    handed: Handed,
+    env: Mapping[str, str],
+    say: Callable[[str], None],
+    watched: Callable[[Child, float, Notifier, Health | None], Watched] = Watched,
+) -> Watched:
     """Supervise the handed child until it has ended and its output is passed on; the supervisor, for its end.
-    say: where a stop of the child and its SIGCONT are said (as the full supervisor says them)."""
+    say: where a stop of the child and its SIGCONT are said (as the full supervisor says them); watched: the
+    supervisor's kind (a child handed off as it started: starting.Starting)."""
     child = Child([handed.tool], {}, use_pty=False, fds=(0, 1, 2))
     child.proc = Proc(handed.pid)
     streams = (Stream.STDOUT, Stream.STDERR) if len(handed.sources) == 2 else (Stream.COMBINED,)
     for src, sink, stream in zip(handed.sources, (1, 2), streams, strict=False):
         if src is not None:
             child.relays.append(pipe_relay(src, sink, stream))
-    steady = Watched(child, handed.kill_after, Notifier(env), handed.health)
+    steady = watched(child, handed.kill_after, Notifier(env), handed.health)
     steady.last_forward = handed.last_forward
     steady.say = say
     wakeup = WakeupSignals(watched_signals(False))

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 # once ready, the seconds the hand-off waits for the relays to drain (a reader slower than that: no hand-off)
 HAND_OFF_WAIT = 5.0
+HAND_OFF_RETRY = 0.005  # seconds between tries of a hand-off that waits for the child's output to be passed on
 
 # ---------------------------------------------------------------------------------------------------
 # supervise_child()
@@ -81,6 +82,7 @@ class _Supervisor(Steady):
         self.oom_watch: OomWatch | None = None
         self.hand_off: Callable[[HandOff], None] | None = None
         self.hand_off_until: float | None = None  # ready: the hand-off is tried until then
+        self.at_spawn = False  # the hand-off is tried from the spawn on, not once ready (attempts/at_spawn.py)
         self.mask_before: set[int] = set()  # the signal mask before supervision: the handed one restores it at its end
 
     def spawn(self, started: Started | None) -> None:
@@ -104,7 +106,9 @@ class _Supervisor(Steady):
 
     def run(self, sigfd: SignalFd) -> None:
         assert self.child.proc is not None
-        if self.probe is not None:
+        if self.at_spawn and self.hand_off is not None:
+            self.hand_off_until = time.monotonic() + HAND_OFF_WAIT  # the handed supervisor watches start-up
+        elif self.probe is not None:
             interval = self.probe.poll_interval()
             if interval is not None:
                 self.probe_thread = ProbeThread(self.probe, interval)
@@ -127,7 +131,7 @@ class _Supervisor(Steady):
             self._startup_output(relay.stream, data, now)
 
     def deadlines(self, now: float) -> list[float]:
-        deadlines: list[float] = []
+        deadlines: list[float] = [now + HAND_OFF_RETRY] if self.hand_off_until is not None else []
         if self.failing_since is not None and self.term_sent_at is None:
             deadlines.append(self.failing_since + self.stop_grace)
         if self.term_sent_at is not None and not self.kill_sent:
@@ -205,7 +209,7 @@ class _Supervisor(Steady):
         running and not stopped, no stop asked or under way, no output waiting for its reader."""
         proc = self.child.proc
         return (
-            self.ready
+            (self.ready or self.at_spawn)
             and proc is not None
             and self.returncode is None
             and not self.use_pty
@@ -291,6 +295,7 @@ def supervise_child(
     started: Started | None = None,
     say: Callable[[str], None] | None = None,
     hand_off: Callable[[HandOff], None] | None = None,
+    hand_off_at_spawn: bool = False,
 ) -> Outcome:
     """Run argv (never through a shell) until it exits, passing bytes and signals through.
 
@@ -307,7 +312,8 @@ def supervise_child(
     seconds later if it has not ended: safe-llama never waits on a stopped child. hand_off: called once
     the child is ready, in pipe mode with stdin no terminal, nothing pending (no stop asked, the child not
     stopped, its output passed on: waited for HAND_OFF_WAIT at most), with what the handed supervisor needs; it
-    execs that supervisor and never returns, or returns and this one goes on.
+    execs that supervisor and never returns, or returns and this one goes on. hand_off_at_spawn: called as soon
+    as the child runs, not once it is ready (the handed supervisor watches its start-up: process/starting.py).
     """
     args = [os.fspath(a) for a in argv]
     if not args:
@@ -317,6 +323,7 @@ def supervise_child(
     supervisor = _Supervisor(child, watcher, probe, stop_grace, kill_after)
     supervisor.say = say
     supervisor.hand_off = hand_off
+    supervisor.at_spawn = hand_off_at_spawn and hand_off is not None and not pty_mode
     if memory_counters is not None:
         supervisor.memory_counters = memory_counters
     watched, old_mask = block_watched(pty_mode)

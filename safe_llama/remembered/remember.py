@@ -106,5 +106,9 @@ def recall(digest: str, env: Mapping[str, str] = os.environ) -> Remembered | Non
         return None
 
 
-def store(digest: str, record: Remembered, env: Mapping[str, str] = os.environ) -> None:
-    state.write_json(_path(digest, env), {"format": FORMAT, **asdict(record)})
+def store(digest: str, record: Remembered, env: Mapping[str, str] = os.environ, suffix: str = "") -> Path:
+    """The record kept under the key (suffix: beside its file, for the handed supervisor to put in place once the
+    server is ready: attempts/at_spawn.py); the path it is kept under, without the suffix."""
+    path = _path(digest, env)
+    state.write_json(path.with_name(path.name + suffix), {"format": FORMAT, **asdict(record)})
+    return path

@@ -68,6 +68,28 @@ def test_a_bad_word_is_refused(words: list[str]) -> None:
         read_words(words)
 
 
+def test_the_words_of_a_hand_off_at_the_spawn_are_read() -> None:
+    """start=1 needs the /health address and what to say at ready; at most two ready actions, absolute paths."""
+    fd = _pipe_fd()
+    child = subprocess.Popen(["sleep", "5"])
+    base = [f"pid={child.pid}", "tool=llama-server", f"source={fd}", "kill_after=5.0", "health_path=/health",
+            "health_host=127.0.0.1", "health_port=8080"]  # fmt: skip
+    try:
+        handed = read_words([*base, "start=1", "status=ready (attempt 1)", "at_ready=/c/plans/x.json",
+                             "at_ready=/run/ledger/12.json"])  # fmt: skip
+        assert (handed.start, handed.status) == (True, "ready (attempt 1)")
+        assert handed.at_ready == ["/c/plans/x.json", "/run/ledger/12.json"]
+        assert read_words(base).start is False
+        for bad in (["start=1"], ["start=1", "status=ready", "at_ready=relative/x.json"],
+                    ["start=1", "status=ready", "at_ready=/a", "at_ready=/b", "at_ready=/c"]):  # fmt: skip
+            with pytest.raises(ValueError, match="hand-off"):
+                read_words([*base, *bad] if bad != ["start=1"] else [w for w in base if "health" not in w] + bad)
+    finally:
+        os.close(fd)
+        child.kill()
+        child.wait()
+
+
 def test_the_small_process_is_started_by_the_door() -> None:
     assert CODE.endswith(f"{HANDED}; handed()")
 
