@@ -126,17 +126,18 @@ def main(args: Sequence[str]) -> int:
         evidence, why = judge_kill(watch, oom_counters(), alone={os.getpid()})
         if evidence is None:
             say(KILLED_NO_EVIDENCE.text(tool=supervision.tool, pid=supervision.pid, why=why), "warning")
-    if failed_start and argv:
+    if not steady.ready:
         from safe_llama.process.starting import Starting
 
         assert isinstance(steady, Starting)
-        steady.drop_at_ready()
-        try:
-            path = resume.write(env, steady.returncode, evidence, steady.captured)
-        except OSError:
-            path = None
-        if path is not None:
-            resume.exec_full(argv, path)  # returns only when the exec failed: this process ends as below
+        steady.drop_at_ready()  # never ready: what it was to put in place is not true
+        if failed_start and argv:
+            try:
+                path: str | None = resume.write(env, steady.returncode, evidence, steady.captured)
+            except OSError:
+                path = None
+            if path is not None:
+                resume.exec_full(argv, path)  # returns only when the exec failed: this process ends as below
     steady.notifier.stopping()
     if evidence is not None:
         _killed_for_memory(ending, evidence, env, say)

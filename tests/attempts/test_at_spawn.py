@@ -239,3 +239,32 @@ def test_who_hands_off_at_the_spawn(
     monkeypatch.setattr(os, "isatty", lambda fd: tty)
     options = LaunchOptions(hand_off=hand_off)
     assert at_spawn.eligible(tool, args, {}, options, (door, args) if door else None) is expected
+
+
+@pytest.mark.slow
+def test_a_stop_asked_during_the_start_ends_it_with_the_child_s_code_and_no_retry(
+    group: Path, env: tuple[dict[str, str], socket.socket], tmp_path: Path
+) -> None:
+    """SIGTERM while the handed supervisor watches the start-up: forwarded once, llama-server ends, and its code is
+    safe-llama's (no way back to the full launch: nothing failed)."""
+    environ, _ = env
+    model = write_wide_kv_gguf(tmp_path)
+
+    def enter() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    command = [sys.executable, "-m", "safe_llama", "server", "-m", str(model), "--port", str(free_port())]
+    proc = subprocess.Popen(command, env=environ, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, preexec_fn=enter)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "entry import handed" not in "\0".join(_cmdline(proc.pid)):
+        time.sleep(0.002)
+    assert proc.poll() is None
+    children = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    text = err.decode(errors="replace")
+    assert children and proc.returncode in (0, 128 + signal.SIGTERM), text[-2000:]
+    assert "attempt 1 failed" not in text and "retrying" not in text
+    left = [p.name for p in Path(environ["XDG_CACHE_HOME"]).rglob("*")]
+    assert not [name for name in left if name.endswith(".at-ready") or name.startswith("resume-")], left
