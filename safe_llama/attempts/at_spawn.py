@@ -62,8 +62,9 @@ def take_over(
     store: tuple[str, Prepared, Mapping[str, str]] | None,
     ending: Callable[[], list[str] | None],
 ) -> tuple[list[str], Callable[[], list[str] | None]]:
-    """The start words of a hand-off at the spawn (its ready actions prepared now) and the ending words with this
-    process's own argv after resume.MARK (the way back to it)."""
+    """The start words of a hand-off at the spawn (its ready actions prepared now), and the ending words, asked at
+    the hand-off, which then also puts this process's own argv in its environment (resume.ARGV_ENV: the way back to
+    it, not on the handed supervisor's command line)."""
     from dataclasses import replace
 
     from safe_llama.attempts.attempt import remembered_after_ready
@@ -80,10 +81,12 @@ def take_over(
             words.append(f"at_ready={entry.path}")
         except OSError:
             pass
-    argv = [sys.argv[0], *sys.argv[1:]]
+    argv = resume.argv_words(sys.argv)
 
     def with_argv() -> list[str] | None:
         given = ending()
-        return None if given is None else [*given, resume.MARK, *argv]
+        if given is not None:
+            os.environ[resume.ARGV_ENV] = argv  # the exec follows at once (the child has its environment already)
+        return given
 
     return words, with_argv

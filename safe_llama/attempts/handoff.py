@@ -89,18 +89,15 @@ def _figures(value: str) -> tuple[int, int | None, int]:
 def main(args: Sequence[str]) -> int:
     """The handed process: supervise the child to its end, then end as the full safe-llama would have; a child
     handed off as it started (attempts/at_spawn.py) that ended before it was ready goes back to the full safe-llama
-    (attempts/resume.py), whose own words follow resume.MARK."""
+    (attempts/resume.py), on its own argv (resume.ARGV_ENV)."""
     from safe_llama.attempts import resume
     from safe_llama.process import handed
 
     env = os.environ
     end = list(args).index(handed.END) if handed.END in args else len(args)
     supervision = handed.read_words(args[:end])
-    rest, argv = list(args[end + 1 :]), None
-    if resume.MARK in rest:
-        at = rest.index(resume.MARK)
-        rest, argv = rest[:at], rest[at + 1 :]
-    ending = Ending(rest, env)
+    argv = resume.take_argv() if supervision.start else None
+    ending = Ending(args[end + 1 :], env)
     watched: Callable[[Child, float, Notifier, Health | None], handed.Watched] = handed.Watched
     if supervision.start:
         from safe_llama.process.starting import Starting

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from safe_llama.process.startup import Outcome
 
 RESUME_ENV = "SAFE_LLAMA_RESUME"
-MARK = "--argv"  # among the hand-off's ending words: the full safe-llama's own argv follows (argv[0] first)
+# the full safe-llama's own argv (argv[0] first) for the handed supervisor, in its environment, which only its user
+# can read (its command line every user can, and the argv may hold a key): each word's bytes in hex, space-separated
+ARGV_ENV = "SAFE_LLAMA_RESUME_ARGV"
 FORMAT = 1
 MOST_OUTPUT = 1 << 18  # bytes of one stream's capture (starting.CAPTURE)
 MOST_EVIDENCE = 512
@@ -36,6 +38,22 @@ CODE = (
     "del sys.argv[:2]\n"
     "from safe_llama.entry import main; main()"
 )
+
+
+def argv_words(argv: Sequence[str]) -> str:
+    """ARGV_ENV's value for argv."""
+    return " ".join(os.fsencode(word).hex() for word in argv)
+
+
+def take_argv() -> list[str] | None:
+    """The argv ARGV_ENV holds, removed from this process's environment; None where none is (or it is garbled)."""
+    value = os.environ.pop(ARGV_ENV, None)
+    if not value:
+        return None
+    try:
+        return [os.fsdecode(bytes.fromhex(word)) for word in value.split(" ")]
+    except ValueError:
+        return None
 
 
 def path_for(env: Mapping[str, str], pid: int) -> str:

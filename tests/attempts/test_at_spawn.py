@@ -246,20 +246,25 @@ def test_a_stop_asked_during_the_start_ends_it_with_the_child_s_code_and_no_retr
     group: Path, env: tuple[dict[str, str], socket.socket], tmp_path: Path
 ) -> None:
     """SIGTERM while the handed supervisor watches the start-up: forwarded once, llama-server ends, and its code is
-    safe-llama's (no way back to the full launch: nothing failed)."""
+    safe-llama's (no way back to the full launch: nothing failed). A key on safe-llama's command line is not on the
+    handed supervisor's (its way back keeps the argv in its environment, which only its user can read)."""
     environ, _ = env
     model = write_wide_kv_gguf(tmp_path)
+    secret = "s3cr3t-key-value"  # noqa: S105 -- a test value, looked for where it must not be
 
     def enter() -> None:
         (group / "cgroup.procs").write_text(str(os.getpid()))
 
-    command = [sys.executable, "-m", "safe_llama", "server", "-m", str(model), "--port", str(free_port())]
+    port = str(free_port())
+    command = [sys.executable, "-m", "safe_llama", "server", "-m", str(model), "--port", port, "--api-key", secret]
     proc = subprocess.Popen(command, env=environ, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, preexec_fn=enter)  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "entry import handed" not in "\0".join(_cmdline(proc.pid)):
         time.sleep(0.002)
     assert proc.poll() is None
+    handed = "\0".join(_cmdline(proc.pid))
+    assert "entry import handed" in handed and secret not in handed
     children = _children(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

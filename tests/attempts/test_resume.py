@@ -88,3 +88,13 @@ def test_only_this_process_s_file_in_the_cache_is_read(env: dict[str, str], tmp_
     os.chmod(path, 0o666)  # noqa: S103 -- others could have written it: refused
     assert resume.take({**env, resume.RESUME_ENV: path}) is None
     assert resume.take(env) is None  # none named
+
+
+def test_the_argv_goes_through_the_environment_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any word, spaces, an empty one and bytes that are no UTF-8 included; read once, then gone."""
+    argv = ["/usr/bin/safe-llama", "server", "-m", "a model.gguf", "", "--api-key", os.fsdecode(b"\xff\xfe k")]
+    monkeypatch.setenv(resume.ARGV_ENV, resume.argv_words(argv))
+    assert resume.take_argv() == argv
+    assert resume.ARGV_ENV not in os.environ and resume.take_argv() is None
+    monkeypatch.setenv(resume.ARGV_ENV, "zz not hex")
+    assert resume.take_argv() is None
