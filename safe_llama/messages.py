@@ -78,6 +78,11 @@ RETRY_WORKER = Message(
     "attempt {attempt} failed: RPC worker {worker} {how}, with {held} planned there ({failure}); "
     "retrying with at most {cap} on it"
 )
+# A hand-off at the spawn that did not happen: the plan counted the full supervisor gone (process/supervise.py)
+AT_SPAWN_FAILED = Message(
+    "the hand-off to the small supervisor as llama-server started did not happen: this supervisor stays, charged "
+    "to the cgroup beyond what the plan counted"
+)
 # A start whose log was cut short (diagnosis/signatures.cut_short), run once more (attempts/attempt_loop.py)
 LOG_CUT = Message(
     "attempt {attempt} exited {code} before llama.cpp's log said why (it loses its last lines when it exits within "

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from safe_llama.constants import GUARD_ENV
 from safe_llama.device.probe_host import OomWatch, judge_kill, oom_counters, watch_oom
 from safe_llama.diagnosis.signatures import Failure
+from safe_llama.messages import AT_SPAWN_FAILED
 from safe_llama.process.channels import Child
 from safe_llama.process.fork_exec import Started, block_watched
 from safe_llama.process.handed import HandOff
@@ -193,6 +194,8 @@ class _Supervisor(Steady):
         assert self.hand_off_until is not None and self.hand_off is not None
         if time.monotonic() > self.hand_off_until:
             self.hand_off_until = None  # its output did not drain in time: this supervisor stays
+            if self.at_spawn and self.say is not None:
+                self.say(AT_SPAWN_FAILED.text())
             return
         if not self._quiet():
             return
@@ -203,6 +206,8 @@ class _Supervisor(Steady):
         self.hand_off(
             HandOff(proc.pid, self._tool(), sources, self.kill_after, self.last_forward, watch, self.mask_before)
         )
+        if self.at_spawn and self.say is not None:  # still here: the exec failed, or its words were refused
+            self.say(AT_SPAWN_FAILED.text())
 
     def _quiet(self) -> bool:
         """Nothing but relaying and forwarding left to do: pipe mode with no terminal's foreground, the child
