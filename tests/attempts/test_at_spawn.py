@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.attempts.test_cgroup_real import _make_cgroup
 from tests.llama_run import free_port, healthy
+from tests.memory_group import memory_group, oom_kills
 from tests.tiny_gguf import write_wide_kv_gguf
 
 LIMIT = 256 << 20
@@ -29,27 +29,8 @@ LIMIT = 256 << 20
 
 @pytest.fixture
 def group() -> Iterator[Path]:
-    try:
-        folder, _ = _make_cgroup(LIMIT)
-    except OSError as err:
-        pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
-    yield folder
-    for _ in range(50):
-        try:
-            folder.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
-def _oom_kills(folder: Path) -> int:
-    for name, key in (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
-        path = folder / name
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.startswith(key + " "):
-                    return int(line.split()[1])
-    return 0
+    with memory_group(LIMIT) as folder:
+        yield folder
 
 
 def _children(pid: int) -> list[int]:
@@ -143,7 +124,7 @@ def test_a_server_in_a_cgroup_hands_off_as_it_starts_and_serves_the_larger_conte
     kept = _plan_ctx(group, ["server", "-m", str(model)], {**environ, "SAFE_LLAMA_HAND_OFF": "0"})
     planned = _plan_ctx(group, ["server", "-m", str(model)], environ)
     assert planned >= kept + 512  # the full supervisor's charge given back: here 13,056 against 12,288
-    kills = _oom_kills(group)
+    kills = oom_kills(group)
     served = _serve(group, ["-m", str(model)], environ, notify)
     try:
         assert served.proc.poll() is None and served.handed_before_health
@@ -158,7 +139,7 @@ def test_a_server_in_a_cgroup_hands_off_as_it_starts_and_serves_the_larger_conte
                                          {"Content-Type": "application/json"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=600) as answer:  # noqa: S310 (loopback http)
             assert answer.status == 200
-        assert served.proc.poll() is None and _oom_kills(group) == kills
+        assert served.proc.poll() is None and oom_kills(group) == kills
     finally:
         code, err = _stop(served)
     assert code == 0, err[-2000:]

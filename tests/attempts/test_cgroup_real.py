@@ -16,47 +16,15 @@ import pytest
 
 from tests import ROOT
 from tests.llama_run import free_port, healthy
+from tests.memory_group import memory_group, oom_kills
 
 LIMIT = 1536 << 20
 
 
-def _make_cgroup(limit: int = LIMIT) -> tuple[Path, str]:
-    """(directory, procs file) of a new memory cgroup limited to `limit`, v2 or v1."""
-    name = f"safe-llama-test-{os.getpid()}-{time.monotonic_ns()}"
-    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-    if v2.is_file() and "memory" in v2.read_text():
-        folder = Path("/sys/fs/cgroup") / name
-        folder.mkdir()
-        (folder / "memory.max").write_text(str(limit))
-        return folder, "cgroup.procs"
-    folder = Path("/sys/fs/cgroup/memory") / name
-    folder.mkdir()
-    (folder / "memory.limit_in_bytes").write_text(str(limit))
-    return folder, "cgroup.procs"
-
-
 @pytest.fixture
 def cgroup(request: pytest.FixtureRequest) -> Iterator[tuple[Path, str]]:
-    try:
-        folder, procs = _make_cgroup(getattr(request, "param", LIMIT))
-    except OSError as err:
-        pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
-
-    def enter() -> None:
-        (folder / procs).write_text(str(os.getpid()))
-
-    try:  # a process must be able to join it (cgroup v2's no-internal-process rule, delegation)
-        subprocess.run(["true"], preexec_fn=enter, check=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as err:
-        folder.rmdir()
-        pytest.skip(f"this machine does not let a process join a new memory cgroup: {err}")
-    yield folder, procs
-    for _ in range(50):
-        try:
-            folder.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
+    with memory_group(getattr(request, "param", LIMIT)) as folder:
+        yield folder, "cgroup.procs"
 
 
 def _serve_in(cgroup: tuple[Path, str], args: list[str], env: dict[str, str]) -> tuple[bool, int, str]:
@@ -178,13 +146,6 @@ def _group_file(folder: Path, v2: str, v1: str) -> Path:
     return folder / (v2 if (folder / v2).exists() else v1)
 
 
-def _oom_kills(folder: Path) -> int:
-    for line in _group_file(folder, "memory.events", "memory.oom_control").read_text().splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0
-
-
 def _fill(port: int) -> tuple[int, int]:
     """(n_ctx, HTTP status; 0: no answer) of one request whose prompt fills the server's context."""
     import json
@@ -238,7 +199,7 @@ def test_the_chosen_context_serves_a_request_that_fills_it(
     finally:
         err = _stop(proc)
     assert status == 200 and n_ctx >= 8192, err[-3000:]
-    assert _oom_kills(folder) == 0
+    assert oom_kills(folder) == 0
     peak = int(_group_file(folder, "memory.peak", "memory.max_usage_in_bytes").read_text())
     assert peak <= WIDE_LIMIT, f"peak {peak}"
     assert "--cache-ram" in err  # the prompt cache sized to what is left

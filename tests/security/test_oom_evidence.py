@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.attempts.test_cgroup_real import _make_cgroup
+from tests.memory_group import memory_group
 from tests.security.fake_server import child_of, lines_of, start_server, wait_for
 
 HOG = "b = []\nwhile True: b.append(bytearray(16 << 20))"
@@ -33,17 +33,8 @@ def group() -> Iterator[Path]:
     """A small memory cgroup of its own (v2 or v1)."""
     if os.geteuid() != 0:
         pytest.skip("making a memory cgroup and reading /dev/kmsg need root")
-    try:
-        folder, _ = _make_cgroup(96 << 20)
-    except OSError as err:
-        pytest.skip(f"this machine does not allow creating a memory cgroup: {err}")
-    yield folder
-    for _ in range(50):
-        try:
-            folder.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
+    with memory_group(96 << 20) as folder:
+        yield folder
 
 
 def _enter(folder: Path) -> None:
