@@ -1,21 +1,22 @@
 """The supervisor's own memory while llama-server runs, against a bare interpreter measured the same way, side by
 side in one run (issue 37):
 
-    python3 benchmarks/bench_supervisor_memory.py [--runs N] [--python /usr/bin/python3]
+    /opt/safe-llama/venv/bin/python benchmarks/bench_supervisor_memory.py [--runs N] [--python /usr/bin/python3]
 
 Each round, alternated: `safe-llama server -m <bundled> -c 4096` started from its launch record (the second launch
 of the same words: the early start, the usual launch after the first), with --no-remember planned (the first
 launch's path), and planned with --no-hand-off (the full supervisor kept); each read once llama-server answers
 /health 200 and a second has passed (by then a ready server's supervision is handed to the small handed
 supervisor, process/handed.py, unless --no-hand-off); and the same interpreter running `import os; os.read(0, 1)`
-(the start of `python3 -c pass`, held on a pipe so it can be read). The figure is /proc/PID/status's VmRSS +
-VmPTE (resident pages, anonymous and file-backed, and page tables: what a cgroup is charged for the process, the
-file pages it shares with others aside), and RssAnon apart. Medians. Issue 37's goal: at most 8 MiB over the bare
-interpreter once llama-server runs (tests/process/test_handed.py holds it).
+(the start of `python3 -c pass`, held on a pipe so it can be read); and the planned launch inside a fresh
+GROUP_MIB memory cgroup, where it hands off as llama-server starts (attempts/at_spawn.py; needs root). The figure
+is /proc/PID/status's VmRSS + VmPTE (resident pages, anonymous and file-backed, and page tables: what a cgroup is
+charged for the process, the file pages it shares with others aside), and RssAnon apart. Medians. Issue 37's goal:
+at most 8 MiB over the bare interpreter once llama-server runs (tests/process/test_handed.py holds it).
 
-Last, what the hand-off gives back to a cgroup (not counted by the plan: configs/planner.toml says why): RssAnon
-+ VmPTE of the planned launch at its probe of the host (device/probe_host.probe_host, where it reads the cgroup's
-usage), less the handed supervisor's.
+Last, what a hand-off once ready gives back to a cgroup (not counted by such a plan: configs/planner.toml says
+why): RssAnon + VmPTE of the planned launch at its probe of the host (device/probe_host.probe_host, where it reads
+the cgroup's usage), less the handed supervisor's.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_host_limits import Limit, memory_group  # noqa: E402
 from safe_llama.model.bundled import bundled_model_path  # noqa: E402
 from safe_llama.paths import pinned_bin_dir  # noqa: E402
 from tests.llama_run import free_port, healthy  # noqa: E402
 
 FIELDS = ("VmRSS", "VmPTE", "RssAnon")
+# a group the bundled model's -c 4096 server fits in: the launch hands off as it starts (attempts/at_spawn.py)
+GROUP_MIB = 1024
 
 
 def memory(pid: int) -> dict[str, int]:
@@ -50,8 +54,15 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
-def supervisor(argv: list[str], env: dict[str, str], port: int) -> dict[str, int]:
-    proc = subprocess.Popen([*argv, "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def supervisor(argv: list[str], env: dict[str, str], port: int, group: Path | None = None) -> dict[str, int]:
+    """The supervisor's FIELDS a second after /health 200 (group: started inside that memory cgroup)."""
+
+    def enter() -> None:
+        if group is not None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    proc = subprocess.Popen([*argv, "--port", str(port)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=enter)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not healthy(port):
@@ -115,13 +126,16 @@ def main() -> int:
     supervisor(server, env, port)  # the first launch: plans, writes the record
     rows: dict[str, list[dict[str, int]]] = {"python3 (bare start)": [], "safe-llama, early start": [],
                                              "safe-llama, planned": [], "planned, --no-hand-off": [],
-                                             "planned, at its probe": []}  # fmt: skip
+                                             "planned, at its probe": [],
+                                             f"planned, {GROUP_MIB} MiB cgroup (at the spawn)": []}  # fmt: skip
     for _ in range(opts.runs):
         rows["python3 (bare start)"].append(bare(opts.python, env))
         rows["safe-llama, early start"].append(supervisor(server, env, port))
         rows["safe-llama, planned"].append(supervisor(planned, env, free_port()))
         rows["planned, --no-hand-off"].append(supervisor(kept, env, free_port()))
         rows["planned, at its probe"].append(at_probe(opts.python, model, env, free_port()))
+        with memory_group(Limit("cgroup", GROUP_MIB << 20), prefix="safe-llama-bench-memory") as group:
+            rows[f"planned, {GROUP_MIB} MiB cgroup (at the spawn)"].append(supervisor(planned, env, free_port(), group))
     base = statistics.median(r["VmRSS"] + r["VmPTE"] for r in rows["python3 (bare start)"])
     print(f"{opts.runs} alternated rounds, {opts.python}; KiB: VmRSS + VmPTE (RssAnon), over the bare interpreter")
     for name, samples in rows.items():

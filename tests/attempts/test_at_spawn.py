@@ -254,3 +254,28 @@ def test_a_stop_asked_during_the_start_ends_it_with_the_child_s_code_and_no_retr
     assert "attempt 1 failed" not in text and "retrying" not in text
     left = [p.name for p in Path(environ["XDG_CACHE_HOME"]).rglob("*")]
     assert not [name for name in left if name.endswith(".at-ready") or name.startswith("resume-")], left
+
+
+@pytest.mark.slow
+def test_a_server_whose_slots_cannot_answer_is_ready_once_it_has_lived_the_settle_time(
+    group: Path, env: tuple[dict[str, str], socket.socket], tmp_path: Path
+) -> None:
+    """With an API key /slots answers 401: the handed supervisor says READY=1 once the server has lived
+    starting.SERVE_SETTLE seconds past /health 200, as the full supervisor does (readiness.HealthProbe)."""
+    from safe_llama.process.starting import SERVE_SETTLE
+
+    environ, notify = env
+    model = write_wide_kv_gguf(tmp_path)
+    served = _serve(group, ["-m", str(model), "--api-key", "k"], environ, notify)
+    try:
+        assert served.proc.poll() is None and served.handed_before_health
+        deadline = time.monotonic() + SERVE_SETTLE + 5
+        while not any(b"READY=1" in said for said in served.ready_said) and time.monotonic() < deadline:
+            try:
+                served.ready_said.append(notify.recv(4096))
+            except BlockingIOError:
+                time.sleep(0.05)
+        assert any(b"READY=1" in said for said in served.ready_said)
+    finally:
+        code, err = _stop(served)
+    assert code == 0, err[-2000:]
