@@ -25,6 +25,9 @@ TOOL_BINARY = {
 }
 # set in the environment of every child safe-llama starts: a safe-llama started by one refuses to loop
 GUARD_ENV = "SAFE_LLAMA_SUPERVISOR_PID"
+# names the file a start handed off at the spawn left when it failed: the full safe-llama goes on from it
+# (attempts/resume.py); an early start steps aside for it
+RESUME_ENV = "SAFE_LLAMA_RESUME"
 # the ledger of the launches on the machine (device/ledger.py): its folder under each runtime directory
 LEDGER = "ledger"
 LEDGER_SYSTEM = "/run/safe-llama"  # the services' runtime directory

@@ -22,6 +22,7 @@ from safe_llama.attempts import at_spawn, resume
 from safe_llama.attempts.attempt import LaunchRecord, Supervision, kill_figures, remember_kill, run_attempt
 from safe_llama.attempts.handoff import ending_words
 from safe_llama.attempts.say import Say
+from safe_llama.constants import RESUME_ENV
 from safe_llama.errors import ExitStatus, ModelNotOnDisk, SafeLlamaError
 from safe_llama.messages import WORKER_GONE
 from safe_llama.paths import cache_dir, configs_dir
@@ -107,7 +108,7 @@ def run_attempts(
     table = load_table(
         Path(env["SAFE_LLAMA_SIGNATURES"]) if env.get("SAFE_LLAMA_SIGNATURES") else None, keep_in=cache_dir(env)
     )
-    if first is None and resume.RESUME_ENV in os.environ:  # back from a hand-off at the spawn whose start failed
+    if first is None and RESUME_ENV in os.environ:  # back from a hand-off at the spawn whose start failed
         taken = resume.take(env)
         first = resume.outcome(taken, table) if taken is not None else None
     base_env = child_env(raw_env)

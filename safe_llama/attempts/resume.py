@@ -14,6 +14,8 @@ import marshal
 import os
 import sys
 
+from safe_llama.constants import RESUME_ENV
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -22,7 +24,6 @@ if TYPE_CHECKING:
     from safe_llama.diagnosis.signatures import SignatureTable
     from safe_llama.process.startup import Outcome
 
-RESUME_ENV = "SAFE_LLAMA_RESUME"
 # the full safe-llama's own argv (argv[0] first) for the handed supervisor, in its environment, which only its user
 # can read (its command line every user can, and the argv may hold a key): each word's bytes in hex, space-separated
 ARGV_ENV = "SAFE_LLAMA_RESUME_ARGV"

@@ -34,6 +34,7 @@ from safe_llama.constants import (
     GUARD_ENV,
     LEDGER_BYTES_MOST,
     LEDGER_TEXT_MOST,
+    RESUME_ENV,
     cache_root,
     ledger_folders,
     mask_values,
@@ -341,7 +342,7 @@ def start(door: str, args: Sequence[str], env: Mapping[str, str]) -> Early | Non
     """Start attempt 1 from a valid launch record; None when there is none (the normal path then runs).
     Not when started by safe-llama (the recursion guard refuses that on the normal path), nor on a terminal
     (pty mode)."""
-    if GUARD_ENV in env or "SAFE_LLAMA_RESUME" in env or (os.isatty(0) and os.isatty(1)):
+    if GUARD_ENV in env or RESUME_ENV in env or (os.isatty(0) and os.isatty(1)):
         return None  # a resumed launch (attempts/resume.py) goes on from its failed start
     root = cache_root(env)
     if not cache_usable(root):

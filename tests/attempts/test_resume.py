@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from safe_llama.attempts import resume
+from safe_llama.constants import RESUME_ENV
 from safe_llama.diagnosis.signatures import load_table
 from tests import FIXTURES
 
@@ -22,7 +23,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
     (cache / "safe-llama").mkdir(parents=True, mode=0o700)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     yield {"XDG_CACHE_HOME": str(cache)}
-    os.environ.pop(resume.RESUME_ENV, None)
+    os.environ.pop(RESUME_ENV, None)
 
 
 def _capture() -> bytes:
@@ -32,9 +33,9 @@ def _capture() -> bytes:
 def test_a_failed_start_is_read_back_as_the_full_supervisor_judges_it(env: dict[str, str]) -> None:
     path = resume.write(env, 1, None, {"stderr": bytearray(_capture()), "stdout": b""})
     assert path == resume.path_for(env, os.getpid()) and oct(os.stat(path).st_mode & 0o777) == "0o600"
-    os.environ[resume.RESUME_ENV] = path
-    taken = resume.take({**env, resume.RESUME_ENV: path})
-    assert taken is not None and not os.path.exists(path) and resume.RESUME_ENV not in os.environ
+    os.environ[RESUME_ENV] = path
+    taken = resume.take({**env, RESUME_ENV: path})
+    assert taken is not None and not os.path.exists(path) and RESUME_ENV not in os.environ
     outcome = resume.outcome(taken, load_table())
     assert (outcome.exit_code, outcome.ready, outcome.pid) == (1, False, os.getpid())
     assert outcome.failure is not None and outcome.failure.memory and outcome.failure.kind == "alloc"
@@ -43,7 +44,7 @@ def test_a_failed_start_is_read_back_as_the_full_supervisor_judges_it(env: dict[
 
 def test_an_oom_kill_named_by_its_evidence_is_a_memory_failure(env: dict[str, str]) -> None:
     path = resume.write(env, -9, "the group's oom_kill rose", {"stderr": b"0.00.010.000 I srv load_model: x\n"})
-    taken = resume.take({**env, resume.RESUME_ENV: path})
+    taken = resume.take({**env, RESUME_ENV: path})
     assert taken is not None
     failure = resume.outcome(taken, load_table()).failure
     assert failure is not None and failure.kind == "oom_killed" and failure.memory
@@ -75,18 +76,18 @@ def _written(env: dict[str, str], **changed: object) -> str:
 )
 def test_a_file_of_a_wrong_shape_or_bounds_is_refused(env: dict[str, str], changed: dict[str, object]) -> None:
     path = _written(env, **changed)
-    assert resume.take({**env, resume.RESUME_ENV: path}) is None
+    assert resume.take({**env, RESUME_ENV: path}) is None
     assert not os.path.exists(path)  # read once, whatever it held
 
 
 def test_only_this_process_s_file_in_the_cache_is_read(env: dict[str, str], tmp_path: Path) -> None:
     elsewhere = tmp_path / f"resume-{os.getpid()}.marshal"
     elsewhere.write_bytes(marshal.dumps({"format": resume.FORMAT}))
-    assert resume.take({**env, resume.RESUME_ENV: str(elsewhere)}) is None
+    assert resume.take({**env, RESUME_ENV: str(elsewhere)}) is None
     assert elsewhere.exists()  # not ours to remove: it is not where a resume file is kept
     path = _written(env)
     os.chmod(path, 0o666)  # noqa: S103 -- others could have written it: refused
-    assert resume.take({**env, resume.RESUME_ENV: path}) is None
+    assert resume.take({**env, RESUME_ENV: path}) is None
     assert resume.take(env) is None  # none named
 
 
