@@ -133,6 +133,7 @@ MODEL_NOT_USABLE = (
 LINES = (
     Line("retry-worker", RETRY_WORKER, {"attempt": NUMBER, "worker": WORKER}),
     Line("retry", RETRY, {"attempt": NUMBER}),
+    Line("retry-log-cut", LOG_CUT, {"attempt": NUMBER, "code": NUMBER}),
     Line("no-attempts-left", NO_ATTEMPTS_LEFT, {"attempt": NUMBER}),
     Line("no-smaller-plan", NO_SMALLER_PLAN, {"attempts": NUMBER}),
     Line(

@@ -143,6 +143,7 @@ SAID = [
          "reason": "the CUDA0 limit is 9.50 GiB, learned from the failure; the plan fits under it"},
         id="retry",
     ),
+    pytest.param("retry-log-cut", messages.LOG_CUT, {"attempt": "1", "code": "1"}, id="retry-log-cut"),
     pytest.param(
         "no-attempts-left",
         messages.NO_ATTEMPTS_LEFT,
