@@ -7,7 +7,8 @@ Each run: `safe-llama server -m WIDE -c CTX` (a first start: a fresh cache) in a
 memory controller, else v1), /health polled every 2 ms from outside; once it answers 200, the supervisor's
 /proc/PID/cmdline polled every 1 ms until it is the handed supervisor's (process/handed.py's CODE), and systemd's
 READY=1 read from a notify socket of our own. Prints, per run and as medians: ms from /health 200 to READY=1, and
-to the hand-off's exec. Needs root.
+to the hand-off's exec (0 where the handed supervisor was there before /health answered: a hand-off at the spawn,
+attempts/at_spawn.py, which `--no-hand-off`-free launches under a cgroup make). Needs root.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _handed(pid: int) -> bool:
         return False
 
 
-def one_run(model: Path, ctx: int, limit: Limit, work: Path) -> dict[str, float | None]:
+def one_run(model: Path, ctx: int, limit: Limit, work: Path) -> dict[str, float | bool | None]:
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     address = work / f"notify-{time.monotonic_ns()}"
     notify.bind(str(address))
@@ -56,28 +57,31 @@ def one_run(model: Path, ctx: int, limit: Limit, work: Path) -> dict[str, float 
         try:
             began = time.monotonic()
             health_at = ready_at = handed_at = None
-            while time.monotonic() - began < 120 and proc.poll() is None and handed_at is None:
+            before = False  # the handed supervisor was there before /health answered (a hand-off at the spawn)
+            while time.monotonic() - began < 120 and proc.poll() is None and (handed_at is None or ready_at is None):
                 now = time.monotonic()
-                if health_at is None and healthy(port):
-                    health_at = time.monotonic()
+                if health_at is None:
+                    before = _handed(proc.pid)
+                    if healthy(port):
+                        health_at = time.monotonic()
                 try:
                     if b"READY=1" in notify.recv(4096) and ready_at is None:
                         ready_at = now
                 except BlockingIOError:
                     pass
-                if health_at is not None and _handed(proc.pid):
-                    handed_at = time.monotonic()
+                if health_at is not None and handed_at is None and _handed(proc.pid):
+                    handed_at = health_at if before else time.monotonic()
                 time.sleep(0.001 if health_at is not None else 0.002)
         finally:
             stop_process(proc, 20)
             notify.close()
     if health_at is None:
-        return {"ready_ms": None, "handed_ms": None}
+        return {"ready_ms": None, "handed_ms": None, "handed_before_health": None}
 
-    def ms(at: float | None) -> float | None:
+    def ms(at: float | None) -> float | bool | None:
         return None if at is None or health_at is None else round(1000 * (at - health_at), 1)
 
-    return {"ready_ms": ms(ready_at), "handed_ms": ms(handed_at)}
+    return {"ready_ms": ms(ready_at), "handed_ms": ms(handed_at), "handed_before_health": before}
 
 
 def main() -> int:

@@ -185,9 +185,6 @@ class NotifyingProbe:
     def output(self, stream: Stream, data: bytes) -> bool:
         return self._inner.output(stream, data)
 
-    def check_now(self) -> bool:
-        return self._inner.check_now()
-
     def poll_interval(self) -> float | None:
         inner = self._inner.poll_interval()
         return EXTEND_EVERY / 4 if inner is None else min(inner, EXTEND_EVERY / 4)

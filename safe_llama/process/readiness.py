@@ -45,10 +45,6 @@ class ReadinessProbe(Protocol):
     def check(self) -> bool:
         """A blocking readiness check (the HTTP /health request); True when ready."""
 
-    def check_now(self) -> bool:
-        """True once, after output() saw the child become checkable (llama-server's `model loaded`): check() is
-        asked at once rather than at the next interval."""
-
 
 class _CleanText:
     """A byte stream as text without colours or \\r, chunk by chunk (an escape split across chunks waits)."""
@@ -115,9 +111,6 @@ class PromptProbe:
     def check(self) -> bool:
         return False
 
-    def check_now(self) -> bool:
-        return False
-
 
 class GenerationProbe:
     """llama-completion: ready once generation has begun.
@@ -143,9 +136,6 @@ class GenerationProbe:
         return None
 
     def check(self) -> bool:
-        return False
-
-    def check_now(self) -> bool:
         return False
 
 
@@ -180,7 +170,6 @@ class HealthProbe:
     settle: float = SERVE_SETTLE
     _tail: _Tail = field(default_factory=lambda: _Tail(keep=128), init=False, repr=False, compare=False)
     _loaded_at: float | None = field(default=None, init=False, repr=False, compare=False)
-    _check_now: bool = field(default=False, init=False, repr=False, compare=False)
     _clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
     def output(self, stream: Stream, data: bytes) -> bool:
@@ -191,13 +180,7 @@ class HealthProbe:
                 self.port = int(found.group(1))
         if self._loaded_at is None and _MODEL_LOADED.search(seen) is not None:
             self._loaded_at = self._clock()
-            self._check_now = True
         return False  # serving is for check() to see
-
-    def check_now(self) -> bool:
-        """Once, right after `model loaded`: /health answers 200 from that line on."""
-        now, self._check_now = self._check_now, False
-        return now
 
     def poll_interval(self) -> float | None:
         return self.interval
@@ -311,33 +294,23 @@ class ProbeThread:
     def __init__(self, probe: ReadinessProbe, interval: float) -> None:
         self._probe = probe
         self._interval = interval
-        self._stop = False
-        self._wake = threading.Event()  # set: check now (nudge), or stop (halt)
+        self._stop = threading.Event()
         self.read_fd, self._write_fd = os.pipe()
         self._thread = threading.Thread(target=self._run, name="safe-llama-readiness", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval)
-            self._wake.clear()
-            if self._stop:
-                return
+        while not self._stop.wait(self._interval):
             if self._probe.check():
                 os.write(self._write_fd, b"r")
                 return
 
-    def nudge(self) -> None:
-        """Check now, not at the next interval (the output said the child is loaded)."""
-        self._wake.set()
-
     def halt(self) -> None:
         """Stop checking (an answer in flight is left to finish: the relay loop must not wait for it)."""
-        self._stop = True
-        self._wake.set()
+        self._stop.set()
 
     def close(self) -> None:
-        self.halt()
+        self._stop.set()
         self._thread.join()
         os.close(self.read_fd)
         os.close(self._write_fd)
@@ -360,9 +333,6 @@ class ListenProbe:
 
     def check(self) -> bool:
         return listening(self.port, self.proc_net)
-
-    def check_now(self) -> bool:
-        return False
 
 
 def listening(port: int, proc_net: str = "/proc/net") -> bool:

@@ -28,10 +28,14 @@ if TYPE_CHECKING:
     from safe_llama.process.sdnotify import Notifier
 
 CAPTURE = 1 << 18  # bytes of each stream's start-up output kept (its end: where a failure is said)
-CHECK_EVERY = 0.05  # seconds between /health questions while the server loads
+# seconds between questions while the server starts, as readiness.HealthProbe's: /slots is asked no sooner than this
+# after /health first answered 200 (a server just above RLIMIT_AS can answer its first task, then abort creating a
+# thread: tests/attempts/test_launch.py's sliver)
+CHECK_EVERY = 0.2
 SERVE_SETTLE = 1.0  # as readiness.SERVE_SETTLE: a server whose /slots cannot answer serves this long after loading
 EXTEND_TIMEOUT = 30.0  # as attempts/attempt.py: systemd's start timeout pushed out by this, every EXTEND_EVERY
 EXTEND_EVERY = 10.0
+MODEL_LOADED = b": model loaded\n"  # the end of `srv  llama_server: model loaded`
 AT_READY = ".at-ready"  # a ready action: the file FINAL + AT_READY is renamed to FINAL once the server is ready
 
 
@@ -66,7 +70,11 @@ class Starting(Watched):
         if self.ready or relay.stream is None:
             return
         kept = self.captured.setdefault(relay.stream.value, bytearray())
+        before = len(kept)
         kept += data
+        # llama-server's own word that /health answers 200 (readiness._MODEL_LOADED): /slots at the next check
+        if self.loaded_at is None and MODEL_LOADED in kept[max(0, before - len(MODEL_LOADED)) :]:
+            self.loaded_at = now
         del kept[:-CAPTURE]
 
     def extra_fds(self) -> dict[int, int]:
@@ -111,7 +119,6 @@ class Starting(Watched):
             if self.loaded_at is None:
                 if status == 200:
                     self.loaded_at = now
-                    self.next_start_check = now  # ask /slots at once
             elif status == 200 or now - self.loaded_at >= SERVE_SETTLE:
                 self._become_ready()
 

@@ -162,8 +162,6 @@ class _Supervisor(Steady):
             self.failing_since = now
         if self.probe is not None and self.probe.output(stream, data):
             self._become_ready()
-        if self.probe is not None and self.probe.check_now() and self.probe_thread is not None:
-            self.probe_thread.nudge()  # not up to an interval (0.2 s) later
 
     def _become_ready(self) -> None:
         if self.ready or self.failing_since is not None:
