@@ -221,6 +221,10 @@ def test_an_oom_kill_after_ready_is_remembered_and_the_next_start_plans_below_it
     proc, port = _start_in(folder, procs, args, env)
     try:
         assert proc.poll() is None, _stop(proc)[-3000:]
+        # ready as safe-llama sees it (the plan remembered), not only /health: a kill before then is a failed start
+        plans, deadline = tmp_path / "safe-llama" / "plans", time.monotonic() + 30
+        while not list(plans.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         # the limit just above what the server holds, then tighter while a request still fits: whether a start
         # already touched the compute buffer's pages (and so how much a request adds) varies from run to run
         for above in (4 << 20, 1 << 20, 0):
