@@ -311,8 +311,20 @@ class Scanner:
 
     def _matches(self, lines: list[str]) -> list[Match]:
         self.last_line = next((line for line in reversed(lines) if line.strip()), self.last_line)
-        found = (self._table.match_line(line) for line in map(clean_line, lines) if line)
+        pieces = [piece for line in lines for piece in _pieces(line)]
+        found = (self._table.match_line(line) for line in map(clean_line, pieces) if line)
         return [match for match in found if match is not None]
+
+
+def _pieces(line: str) -> list[str]:
+    """A line as the writers that put it together: text another writer left without its newline (the C++ runtime's
+    `  what():  Resource temporarily unavailable` before an abort, llama-cli's spinner) and the timestamped log line
+    llama.cpp's logger thread wrote right after it (seen in CI: the std-thread-create line lost to that)."""
+    bare = ESCAPES.sub("", line)
+    stamped = _TIMESTAMP_PREFIX.search(bare)
+    if stamped is None or not bare[: stamped.start()].strip():
+        return [line]
+    return [bare[: stamped.start()], bare[stamped.start() :]]
 
 
 def cut_short(last_line: str | None) -> bool:

@@ -22,7 +22,16 @@ from safe_llama.device.free_memory import match_reading
 from safe_llama.device.host_budget import HostBudget
 from safe_llama.device.limits import DeclaredLimits
 from safe_llama.device.llama_listing import LlamaDevice
-from safe_llama.device.reservations import NO_OTHERS, Launch, Others, device_key, host_limits_with, others, visible_of
+from safe_llama.device.reservations import (
+    ARRIVING,
+    NO_OTHERS,
+    Launch,
+    Others,
+    device_key,
+    host_limits_with,
+    others,
+    visible_of,
+)
 from safe_llama.device.target_device import TargetDevice
 from safe_llama.errors import ExitStatus, SafeLlamaError
 from safe_llama.model.facts import ModelFacts
@@ -252,12 +261,16 @@ def _prepare(
         listed_rpc = report.rpc.devices
     workers = remote_devices(listed_rpc, options.declared.rpc_memory)
     target = replace(probed_target(report, options, env), remote=workers)
-    if options.hand_off_at_spawn and tool == "server" and target.backend == "cpu" and not target.on_gpu:
+    launches += _arrived(env, launches)
+    # a hand-off at the spawn counted only where this launch is alone (the ledger shows no other in its group, none
+    # arriving): launches that share a group each count their full supervisor, as before (attempts/at_spawn.py)
+    group = report.host.cgroup_dir or ""
+    alone = not any(launch.cgroup == group or launch.state == ARRIVING for launch in launches)
+    if options.hand_off_at_spawn and alone and tool == "server" and target.backend == "cpu" and not target.on_gpu:
         from safe_llama.device.probe_host import own_anon_bytes
 
         if any(limit.kind == "cgroup" for limit in target.limits_on_host):
             target = replace(target, own_charge=own_anon_bytes() or 0)
-    launches += _arrived(env, launches)
     reading, _ = match_reading(report.target.listed, report.target.pci, report.free.readings, env)
     key = device_key(
         target.backend, target.device, reading.uuid if reading else None, report.target.pci_bdf
@@ -291,7 +304,6 @@ def probed_target(report: DeviceReport, options: PlanOptions, env: Mapping[str, 
 def _arrived(env: Mapping[str, str], known: Sequence[Launch]) -> tuple[Launch, ...]:
     """The launches that started while this one probed (read again after the probes: they hold nothing yet)."""
     from safe_llama.device import ledger
-    from safe_llama.device.reservations import ARRIVING
 
     seen = {launch.pid for launch in known}
     return tuple(

@@ -759,3 +759,17 @@ def test_a_log_that_ends_on_an_info_line_was_cut_short() -> None:
     assert cut_short("\x1b[32m0.00.002.706 I llama_completion: load the model\x1b[0m")  # a pty's colours
     assert classify([], 1, cut=True) == Failure(kind="log_cut", memory=False)
     assert classify([], -signal.SIGSEGV, cut=True) == Failure(kind="signal", memory=False, signal=signal.SIGSEGV)
+
+
+def test_an_abort_s_words_run_into_a_log_line_are_still_read() -> None:
+    """CI's llama-server just above RLIMIT_AS: the C++ runtime's `what():` line had no newline before the logger
+    thread's next timestamped line, so the two came as one line; both are matched (the thread failure is memory)."""
+    joined = (
+        b"terminate called after throwing an instance of 'std::system_error'\n"
+        b"  what():  Resource temporarily unavailable0.00.470.273 I srv    load_model: initializing, n_slots = 4\n"
+        b"0.00.470.609 I srv  llama_server: model loaded\n"
+    )
+    matches = scan_text(TABLE, joined)
+    assert [m.signature_id for m in matches if m.category == "alloc"] == ["std-thread-create"]
+    failure = classify(matches, -signal.SIGABRT)
+    assert failure is not None and failure.memory and failure.stage == "thread"
