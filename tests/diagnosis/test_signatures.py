@@ -773,3 +773,11 @@ def test_an_abort_s_words_run_into_a_log_line_are_still_read() -> None:
     assert [m.signature_id for m in matches if m.category == "alloc"] == ["std-thread-create"]
     failure = classify(matches, -signal.SIGABRT)
     assert failure is not None and failure.memory and failure.stage == "thread"
+
+
+def test_an_abort_s_words_cut_by_the_abort_are_still_read() -> None:
+    """CI again: the logger thread had written only its next line's timestamp when the abort ended it."""
+    cut = b"terminate called after throwing an instance of 'std::system_error'\n"
+    cut += b"  what():  Resource temporarily unavailable0.00.489.530 \n"
+    failure = classify(scan_text(TABLE, cut), -signal.SIGABRT)
+    assert failure is not None and failure.memory and failure.signature_id == "std-thread-create"
