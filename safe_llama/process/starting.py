@@ -99,10 +99,9 @@ class Starting(Watched):
         return [check, self.next_extend]
 
     def timers(self, now: float) -> None:
-        if self.ready or self.returncode is not None:
-            super().timers(now)
-            return
         super().timers(now)  # Watched's: its watchdog is off (interval None) until ready
+        if self.ready or self.returncode is not None:
+            return
         if now >= self.next_extend:
             self.notifier.extend_timeout(EXTEND_TIMEOUT)
             self.next_extend = now + EXTEND_EVERY
